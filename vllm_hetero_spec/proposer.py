@@ -1,0 +1,246 @@
+"""The vLLM-facing proposer: per-request draft state, one packed draft loop per step.
+
+vLLM calls :meth:`HeteroProposer.propose` after each verification step with the rows of
+its persistent batch. For every row we (1) feed the newly committed target tokens to the
+request's draft-side tokenization as text (look-behind realignment, KV rollback),
+(2) run the drafter for all requests at once, and (3) hand back target-vocabulary
+proposals -- re-tokenized draft text for ``slem``, intersection-mapped ids with their
+exact draft distribution for ``tli``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+
+from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
+from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
+from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
+from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
+from vllm_hetero_spec.vocab.bridge import VocabBridge
+from vllm_hetero_spec.vocab.retokenize import AlignedTokens, propose_continuation
+
+logger = init_logger(__name__)
+
+_TARGET_TAIL = 4  # committed target tokens re-encoded with the draft text (slem)
+
+
+@dataclass
+class RequestState:
+    """What the drafter knows about one request between steps."""
+
+    text: bytearray
+    n_target: int
+    target_tail: list[int]
+    draft: AlignedTokens
+    cache: RequestKVCache
+    generator: torch.Generator | None
+
+
+@dataclass
+class ProposerStats:
+    """Counters exposed to benchmarks and metrics."""
+
+    steps: int = 0
+    bridge_s: float = 0.0
+    draft_s: float = 0.0
+    proposed: int = 0
+    realign_mismatches: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class HeteroProposer:
+    """A ``custom_class`` proposer for heterogeneous-vocabulary drafting."""
+
+    def __init__(self, vllm_config: VllmConfig):
+        raw = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+        if raw is None:
+            raise RuntimeError("HeteroProposer needs method='hetero' in speculative_config")
+        self.settings = HeteroSettings.from_dict(raw)
+        self.k = self.settings.num_speculative_tokens
+        target_vocab = vllm_config.model_config.get_vocab_size()
+        dtype = torch.float32 if self.settings.draft_dtype == "float32" else torch.bfloat16
+        self.runtime = DraftModelRuntime(self.settings.draft_model, dtype)
+        self.bridge = VocabBridge.build(
+            self.settings.draft_tokenizer,
+            vllm_config.model_config.tokenizer,
+            self.runtime.vocab_size,
+            target_vocab,
+        )
+        self.target_vocab = target_vocab
+        self.states: dict[str, RequestState] = {}
+        self.stats = ProposerStats()
+        self.runner: Any = None
+        self._last_probs: torch.Tensor | None = None
+        self._draft_specials = {
+            tid for tid, b in enumerate(self.bridge.draft_encoder.token_bytes) if b is None
+        } | set(self.bridge.draft_tokenizer.all_special_ids)
+        logger.info(
+            "hetero spec: algorithm=%s k=%d draft=%s; shared tokens=%d",
+            self.settings.algorithm,
+            self.k,
+            self.settings.draft_model,
+            self.bridge.intersection.size,
+        )
+
+    # -- vLLM hooks -------------------------------------------------------------------
+
+    def attach_runner(self, runner: Any) -> None:
+        """The model runner, for request ids and sampling params (not in propose's args)."""
+        self.runner = runner
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """The drafter is loaded at construction; nothing to share with the target."""
+
+    def drop_request(self, req_id: str) -> None:
+        """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
+        self.states.pop(req_id, None)
+
+    def take_last_draft_probs(self) -> torch.Tensor | None:
+        probs, self._last_probs = self._last_probs, None
+        return probs
+
+    # -- per-step work ----------------------------------------------------------------
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
+        req_ids: list[str] = list(self.runner.input_batch.req_ids)
+        self._forget_stale(req_ids)
+        t0 = time.perf_counter()
+        active: list[int] = []
+        for row, req_id in enumerate(req_ids):
+            if not sampled_token_ids[row]:
+                continue  # still prefilling: nothing sampled yet, nothing to draft from
+            self._sync(req_id, token_ids_cpu[row, : int(num_tokens_no_spec[row])])
+            active.append(row)
+        t1 = time.perf_counter()
+        drafts, probs = self._draft([req_ids[r] for r in active])
+        t2 = time.perf_counter()
+        out: list[list[int]] = [[] for _ in req_ids]
+        if self.settings.algorithm == "tli":
+            full = torch.zeros(len(req_ids), self.k, self.target_vocab)
+            for i, row in enumerate(active):
+                out[row] = drafts[i]
+                if drafts[i]:
+                    full[row, : len(drafts[i])] = probs[i]
+            self._last_probs = full
+        else:
+            for i, row in enumerate(active):
+                out[row] = self._to_target(req_ids[row], drafts[i])
+        t3 = time.perf_counter()
+        self.stats.steps += 1
+        self.stats.bridge_s += (t1 - t0) + (t3 - t2)
+        self.stats.draft_s += t2 - t1
+        self.stats.proposed += sum(len(o) for o in out)
+        return out
+
+    def _forget_stale(self, live: list[str]) -> None:
+        known = set(self.runner.requests) if self.runner is not None else set(live)
+        for req_id in [r for r in self.states if r not in known]:
+            del self.states[req_id]
+
+    def _new_state(self, req_id: str, tokens: np.ndarray) -> RequestState:
+        params = self.runner.requests[req_id].sampling_params
+        gen = None
+        if params is not None and params.seed is not None:
+            gen = torch.Generator().manual_seed(int(params.seed) + 0x5EED)
+        draft = AlignedTokens(self.bridge.draft_encoder, self.bridge.draft_prefix_ids, self.settings.lookbehind)
+        return RequestState(bytearray(), 0, [], draft, self.runtime.new_cache(), gen)
+
+    def _sync(self, req_id: str, tokens: np.ndarray) -> None:
+        """Append newly committed target tokens as text; realign the draft tokens."""
+        state = self.states.get(req_id)
+        if state is None or state.n_target > len(tokens):
+            state = self.states[req_id] = self._new_state(req_id, tokens)
+        new = tokens[state.n_target :].tolist()
+        enc = self.bridge.target_encoder
+        for tid in new:
+            state.text += enc.bytes_of(tid)
+        state.n_target = len(tokens)
+        state.target_tail = (state.target_tail + new)[-_TARGET_TAIL:]
+        before = state.draft.mismatches
+        kept = state.draft.sync(state.text, verified=0)
+        self.stats.realign_mismatches += state.draft.mismatches - before
+        state.cache.truncate(kept)
+        if state.cache.length >= len(state.draft.ids):
+            # Everything is cached but we need logits at the last token: recompute it.
+            state.cache.truncate(len(state.draft.ids) - 1)
+
+    def _sampling_rows(self, req_ids: list[str]) -> SamplingRows:
+        temps, top_k, top_p = [], [], []
+        for req_id in req_ids:
+            p = self.runner.requests[req_id].sampling_params
+            temps.append(float(p.temperature) if p is not None else 0.0)
+            top_k.append(int(p.top_k) if p is not None and p.top_k else 0)
+            top_p.append(float(p.top_p) if p is not None else 1.0)
+        return SamplingRows(
+            torch.tensor(temps),
+            torch.tensor(top_k, dtype=torch.long),
+            torch.tensor(top_p),
+            [self.states[r].generator for r in req_ids],
+        )
+
+    def _draft(self, req_ids: list[str]) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """Run the packed draft loop. Returns per request the proposals (draft ids for
+        slem, target ids for tli) and, for tli, the ``[n, target_vocab]`` q rows."""
+        n_steps = self.k if self.settings.algorithm == "tli" else self.settings.max_draft_tokens
+        drafts: list[list[int]] = [[] for _ in req_ids]
+        probs: list[list[torch.Tensor]] = [[] for _ in req_ids]
+        if not req_ids:
+            return drafts, []
+        states = [self.states[r] for r in req_ids]
+        rows = self._sampling_rows(req_ids)
+        inter = self.bridge.intersection
+        allowed = inter.draft_mask if self.settings.algorithm == "tli" else None
+        live = list(range(len(req_ids)))
+        for step in range(n_steps):
+            caches = [states[i].cache for i in live]
+            pending = [states[i].draft.ids[states[i].cache.length :] for i in live]
+            logits = self.runtime.forward(caches, pending)
+            sub = SamplingRows(
+                rows.temperature[live], rows.top_k[live], rows.top_p[live], [rows.generators[i] for i in live]
+            )
+            q = processed_probs(logits[:, : inter.draft_to_target.numel()], sub, allowed)
+            tokens = sample(q, sub).tolist()
+            still = []
+            for j, i in enumerate(live):
+                tok = tokens[j]
+                drafts[i].append(tok)
+                if allowed is not None:
+                    probs[i].append(inter.to_target_probs(q[j]))
+                if tok in self._draft_specials:
+                    continue
+                states[i].draft.append_drafted(tok)
+                still.append(i)
+            live = still
+            if not live or step == n_steps - 1:
+                break
+        if allowed is not None:
+            mapped = [inter.draft_to_target[d].tolist() if d else [] for d in drafts]
+            return mapped, [torch.stack(p) if p else torch.empty(0) for p in probs]
+        return drafts, []
+
+    def _to_target(self, req_id: str, draft_ids: list[int]) -> list[int]:
+        """slem: re-tokenize the draft text with the target tokenizer."""
+        state = self.states[req_id]
+        enc = self.bridge.draft_encoder
+        stop_special = draft_ids and draft_ids[-1] in self._draft_specials
+        body = draft_ids[:-1] if stop_special else draft_ids
+        text = b"".join(enc.bytes_of(t) for t in body)
+        out = propose_continuation(self.bridge.target_encoder, state.target_tail, text, self.k)
+        if stop_special and len(out) < self.k and len(body) and len(out) >= 0:
+            eos = self.bridge.target_tokenizer.eos_token_id
+            if eos is not None:
+                out.append(eos)
+        return out

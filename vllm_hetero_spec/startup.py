@@ -1,0 +1,58 @@
+"""Start-up checks run once in the process that parses the config (fail fast there)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import AutoConfig
+from vllm.logger import init_logger
+
+from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroConfigError, is_hetero, parse_settings
+from vllm_hetero_spec.vocab.bridge import VocabBridge
+
+logger = init_logger(__name__)
+
+__all__ = ["is_hetero", "prepare"]
+
+
+def prepare(spec: dict[str, Any], target_model_config: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Validate a ``method: hetero`` spec against the target; return the
+    ``additional_config`` entries for the workers and the spec dict for vLLM."""
+    settings, vllm_spec = parse_settings(spec)
+    try:
+        draft_cfg = AutoConfig.from_pretrained(settings.draft_model)
+    except Exception as e:  # transformers raises many types for a bad folder
+        raise HeteroConfigError(f"'model' = {settings.draft_model!r} cannot be loaded ({e}); point it at a causal LM folder") from e
+    draft_vocab = draft_cfg.get_text_config().vocab_size
+    try:
+        bridge = VocabBridge.build(
+            settings.draft_tokenizer, target_model_config.tokenizer, draft_vocab, target_model_config.get_vocab_size()
+        )
+    except Exception as e:
+        raise HeteroConfigError(
+            f"'draft_tokenizer' = {settings.draft_tokenizer!r} cannot be loaded ({e}); point it at a tokenizer folder"
+        ) from e
+    shared = bridge.intersection.size
+    if shared < settings.min_shared_tokens:
+        raise HeteroConfigError(
+            f"draft and target tokenizers share only {shared} token strings (< 'min_shared_tokens' = "
+            f"{settings.min_shared_tokens}); no usable overlap: choose a draft model whose tokenizer "
+            "covers the target's text, or lower 'min_shared_tokens'"
+        )
+    logger.info(
+        "hetero spec: algorithm=%s, draft=%s -> target=%s, shared token strings=%d (draft vocab %d, target "
+        "vocab %d), k=%d",
+        settings.algorithm,
+        settings.draft_model,
+        target_model_config.model,
+        shared,
+        draft_vocab,
+        target_model_config.get_vocab_size(),
+        settings.num_speculative_tokens,
+    )
+    if bridge.same_vocab:
+        logger.info(
+            "hetero spec: draft and target share one vocabulary; vLLM's own method='draft_model' would also serve "
+            "this pair"
+        )
+    return {ADDITIONAL_CONFIG_KEY: settings.to_dict()}, vllm_spec

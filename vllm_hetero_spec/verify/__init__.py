@@ -1,0 +1,1 @@
+"""Acceptance rules (pure tensor functions) and the vLLM-facing rejection sampler."""

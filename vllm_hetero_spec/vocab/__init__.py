@@ -1,0 +1,1 @@
+"""Bridging two tokenizers: per-token byte strings, the shared vocabulary, re-tokenization."""

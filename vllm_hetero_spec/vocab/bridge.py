@@ -1,0 +1,61 @@
+"""Everything that relates the draft and target vocabularies, built once per engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from vllm_hetero_spec.vocab.intersection import VocabIntersection
+from vllm_hetero_spec.vocab.retokenize import TokenEncoder
+from vllm_hetero_spec.vocab.token_bytes import token_bytes_table
+
+
+def _with_specials(tokenizer: PreTrainedTokenizerBase, table: list[bytes | None]) -> list[bytes | None]:
+    """Text-level bytes: special tokens spell their literal content (``<|im_start|>``)
+    so that a chat template written by one tokenizer reads as text to the other."""
+    out = list(table)
+    for tid, added in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if tid < len(out) and out[tid] is None:
+            out[tid] = str(added).encode("utf-8")
+    return out
+
+
+@dataclass
+class VocabBridge:
+    """Tokenizers, per-token bytes and the shared vocabulary of a draft/target pair."""
+
+    draft_tokenizer: PreTrainedTokenizerBase
+    target_tokenizer: PreTrainedTokenizerBase
+    intersection: VocabIntersection
+    draft_encoder: TokenEncoder
+    target_encoder: TokenEncoder
+    same_vocab: bool
+
+    @classmethod
+    def build(cls, draft_tokenizer: str, target_tokenizer: str, draft_vocab: int, target_vocab: int) -> "VocabBridge":
+        """``*_vocab`` are the models' embedding sizes (may exceed the tokenizers')."""
+        d_tok = AutoTokenizer.from_pretrained(draft_tokenizer)
+        t_tok = AutoTokenizer.from_pretrained(target_tokenizer)
+        d_bytes = token_bytes_table(d_tok, draft_vocab)
+        t_bytes = token_bytes_table(t_tok, target_vocab)
+        inter = VocabIntersection.build(d_bytes, t_bytes)
+        same = d_tok.get_vocab() == t_tok.get_vocab()
+        return cls(
+            d_tok,
+            t_tok,
+            inter,
+            TokenEncoder(d_tok, _with_specials(d_tok, d_bytes)),
+            TokenEncoder(t_tok, _with_specials(t_tok, t_bytes)),
+            same,
+        )
+
+    @property
+    def draft_prefix_ids(self) -> list[int]:
+        """Ids the draft tokenizer puts before any text (e.g. Gemma's ``<bos>``)."""
+        return self.draft_tokenizer.encode("", add_special_tokens=True)
+
+    @property
+    def draft_eos_ids(self) -> set[int]:
+        eos = self.draft_tokenizer.eos_token_id
+        return {eos} if eos is not None else set()

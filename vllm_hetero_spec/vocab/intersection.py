@@ -1,0 +1,65 @@
+"""The token-level intersection (TLI) of two vocabularies.
+
+Two tokens are "the same" when they stand for the same bytes. A draft token whose bytes
+are also one target token can be proposed to the target directly; every other draft
+token is masked out before the drafter samples (the TLI paper's Algorithm 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class VocabIntersection:
+    """Id maps between a draft and a target vocabulary restricted to shared byte strings.
+
+    Attributes:
+        draft_to_target: ``[draft_vocab]`` int64, the target id of each draft id, -1 if
+            the draft token's bytes are not a single target token.
+        draft_mask: ``[draft_vocab]`` bool, True where ``draft_to_target >= 0``.
+        shared_draft_ids / shared_target_ids: the pairs, aligned, for scatter/gather.
+    """
+
+    draft_to_target: torch.Tensor
+    draft_mask: torch.Tensor
+    shared_draft_ids: torch.Tensor
+    shared_target_ids: torch.Tensor
+    target_vocab_size: int
+
+    @property
+    def size(self) -> int:
+        return int(self.shared_draft_ids.numel())
+
+    @classmethod
+    def build(cls, draft_bytes: list[bytes | None], target_bytes: list[bytes | None]) -> "VocabIntersection":
+        """Match tokens by exact bytes. Empty strings and special tokens never match.
+
+        When a tokenizer has two ids for the same bytes (rare, e.g. duplicated added
+        tokens), the lowest target id wins so the map stays a function.
+        """
+        by_bytes: dict[bytes, int] = {}
+        for tid, b in enumerate(target_bytes):
+            if b and b not in by_bytes:
+                by_bytes[b] = tid
+        d2t = torch.full((len(draft_bytes),), -1, dtype=torch.int64)
+        for did, b in enumerate(draft_bytes):
+            if b:
+                tid = by_bytes.get(b)
+                if tid is not None:
+                    d2t[did] = tid
+        mask = d2t >= 0
+        shared_draft = torch.nonzero(mask).flatten()
+        return cls(d2t, mask, shared_draft, d2t[shared_draft], len(target_bytes))
+
+    def to_target_probs(self, draft_probs: torch.Tensor) -> torch.Tensor:
+        """Carry ``[..., draft_vocab]`` probabilities onto ``[..., target_vocab]``.
+
+        Only meaningful for distributions already restricted to the intersection; any mass
+        on non-shared draft ids is dropped, which is why the drafter masks first.
+        """
+        out = draft_probs.new_zeros(*draft_probs.shape[:-1], self.target_vocab_size)
+        out[..., self.shared_target_ids] = draft_probs[..., self.shared_draft_ids]
+        return out
