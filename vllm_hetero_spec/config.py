@@ -102,17 +102,17 @@ def _int(spec: dict[str, Any], key: str, default: int | None, minimum: int) -> i
 
 def resolve_model(name: str) -> str:
     """A folder path, or the short name of a model we can build from PyPI wheels."""
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return str(path)
     from vllm_hetero_spec import models
 
     if name in models.MODELS:
         return str(models.ensure_model(name))
-    path = Path(name).expanduser()
-    if not (path / "config.json").is_file():
-        raise HeteroConfigError(
-            f"'model' = {name!r} is neither a model folder with config.json nor one of "
-            f"{sorted(models.MODELS)}; set 'model' to the draft model's local folder"
-        )
-    return str(path)
+    raise HeteroConfigError(
+        f"'model' = {name!r} is neither a model folder with config.json nor one of "
+        f"{sorted(models.MODELS)}; set 'model' to the draft model's local folder"
+    )
 
 
 def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]]:

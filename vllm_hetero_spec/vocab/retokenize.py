@@ -95,6 +95,10 @@ class AlignedTokens:
         keep = self.matching_prefix(text[:usable], verified)
         start = max(self.n_fixed, keep - self.lookbehind)
         begin = self.ends[start - 1] if start > 0 else 0
+        # Byte-level tokens may end inside a UTF-8 character; a window must not start there.
+        while start > self.n_fixed and begin < len(text) and text[begin] & 0xC0 == 0x80:
+            start -= 1
+            begin = self.ends[start - 1] if start > 0 else 0
         window = self.encoder.encode(text[begin:usable]) if usable > begin else []
         p = 0
         while p < len(window) and start + p < keep and window[p] == self.ids[start + p]:

@@ -1,0 +1,132 @@
+"""One engine run, isolated in a subprocess, returning outputs and spec-decode metrics.
+
+vLLM engines hold process-wide state (distributed groups, compiled kernels, memory);
+running each configuration in a fresh process is the only reliable way to compare
+several in one benchmark or test session. The child prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+RESULT_PREFIX = "HETERO_RESULT "
+
+
+def default_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def run_isolated(job: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+    """Run :func:`run_job` on ``job`` in a child process and return its result."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_hetero_spec.evaluation", json.dumps(job)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=default_env(),
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX) :])
+    raise RuntimeError(f"engine run failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+
+
+def _counter(metrics: list[Any], name: str) -> float:
+    return float(sum(getattr(m, "value", 0) or 0 for m in metrics if m.name == name))
+
+
+def _find_drafter(llm: Any) -> Any:
+    """The in-process drafter, when the engine runs in this process (stats only)."""
+    try:
+        core = llm.llm_engine.engine_core.engine_core
+        return core.model_executor.driver_worker.worker.model_runner.drafter
+    except AttributeError:
+        return None
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Generate ``job['prompts']`` with the given engine settings; time the batch.
+
+    Keys: target, prompts, max_tokens, temperature, seed, speculative_config (or None),
+    dtype, max_model_len, batch_size (requests submitted at once; default all),
+    warmup (default True).
+    """
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=job["target"],
+        dtype=job.get("dtype", "float32"),
+        max_model_len=job.get("max_model_len", 2048),
+        enforce_eager=True,
+        speculative_config=job.get("speculative_config"),
+        disable_log_stats=False,
+        seed=job.get("seed", 0),
+        max_num_seqs=job.get("max_num_seqs", 16),
+    )
+    temp = job.get("temperature", 0.0)
+    seeds = job.get("request_seeds")
+    prompts = job["prompts"]
+
+    def params(i: int) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=job.get("max_tokens", 64),
+            temperature=temp,
+            top_p=job.get("top_p", 1.0),
+            top_k=job.get("top_k", 0),
+            seed=None if seeds is None else seeds[i],
+            ignore_eos=job.get("ignore_eos", False),
+        )
+
+    if job.get("warmup", True):
+        llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
+    before = {m.name: m for m in llm.get_metrics()}
+    bs = job.get("batch_size") or len(prompts)
+    outputs = []
+    t0 = time.perf_counter()
+    for s in range(0, len(prompts), bs):
+        chunk = list(range(s, min(s + bs, len(prompts))))
+        outputs += llm.generate([prompts[i] for i in chunk], [params(i) for i in chunk], use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    after = llm.get_metrics()
+
+    def delta(name: str) -> float:
+        prev = before.get(name)
+        return _counter(after, name) - (float(getattr(prev, "value", 0) or 0) if prev else 0.0)
+
+    drafts = delta("vllm:spec_decode_num_drafts")
+    draft_tokens = delta("vllm:spec_decode_num_draft_tokens")
+    accepted = delta("vllm:spec_decode_num_accepted_tokens")
+    n_out = sum(len(o.outputs[0].token_ids) for o in outputs)
+    result: dict[str, Any] = {
+        "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+        "texts": [o.outputs[0].text for o in outputs],
+        "elapsed_s": elapsed,
+        "output_tokens": n_out,
+        "tok_per_s": n_out / elapsed if elapsed > 0 else 0.0,
+        "num_drafts": drafts,
+        "num_draft_tokens": draft_tokens,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+    }
+    drafter = _find_drafter(llm)
+    stats = getattr(drafter, "stats", None)
+    if stats is not None and stats.steps:
+        result["bridge_ms_per_step"] = 1e3 * stats.bridge_s / stats.steps
+        result["draft_ms_per_step"] = 1e3 * stats.draft_s / stats.steps
+        result["live_request_states"] = len(drafter.states)
+    return result
+
+
+if __name__ == "__main__":
+    res = run_job(json.loads(sys.argv[1]))
+    print(RESULT_PREFIX + json.dumps(res), flush=True)
