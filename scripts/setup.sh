@@ -23,9 +23,9 @@ if ! "$PY" -c "import vllm" >/dev/null 2>&1; then
   fi
 fi
 
-if ! "$PY" -c "import vllm_hetero_spec, pytest, hypothesis, scipy, gguf, openai" >/dev/null 2>&1 \
+if ! "$PY" -c "import vllm_hetero_spec, pytest, hypothesis, scipy, gguf, openai, accelerate" >/dev/null 2>&1 \
    || [ pyproject.toml -nt "$VENV/.hetero_installed" ]; then
-  "$PY" -m pip install -q gguf pytest hypothesis scipy openai cython
+  "$PY" -m pip install -q gguf accelerate pytest hypothesis scipy openai cython
   "$PY" -m pip install -q --no-deps --no-build-isolation -e .
   touch "$VENV/.hetero_installed"
 fi

@@ -24,7 +24,7 @@ METHOD = "hetero"
 ADDITIONAL_CONFIG_KEY = "hetero_spec"
 PROPOSER_CLASS = "vllm_hetero_spec.proposer.HeteroProposer"
 ALGORITHMS = ("slem", "tli")
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 class HeteroConfigError(ValueError):
@@ -47,6 +47,10 @@ class HeteroSettings:
         draft_dtype: the drafter's dtype.
         min_shared_tokens: fewer shared token strings than this means the pair has no
             usable overlap and start-up fails.
+        draft_stop_prob: stop drafting a request for this step once the drafter's own
+            probability of its latest token falls below this (0 = always draft the full
+            budget). Decided from draft-side information only, so verification stays
+            lossless; it saves drafter time on drafts the target would likely reject.
     """
 
     algorithm: str
@@ -57,6 +61,7 @@ class HeteroSettings:
     lookbehind: int = 4
     draft_dtype: str = "float32"
     min_shared_tokens: int = 256
+    draft_stop_prob: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,7 +72,10 @@ class HeteroSettings:
         return cls(**data)
 
 
-HETERO_KEYS = ("algorithm", "draft_tokenizer", "max_draft_tokens", "lookbehind", "draft_dtype", "min_shared_tokens")
+HETERO_KEYS = (
+    "algorithm", "draft_tokenizer", "max_draft_tokens", "lookbehind", "draft_dtype", "min_shared_tokens",
+    "draft_stop_prob",
+)
 
 
 def load_spec_dict(spec: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
@@ -133,6 +141,9 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
     dtype = spec.pop("draft_dtype", "float32")
     if dtype not in DTYPES:
         raise HeteroConfigError(f"'draft_dtype' = {dtype!r} is not supported; choose one of {list(DTYPES)}")
+    stop_prob = spec.pop("draft_stop_prob", 0.0)
+    if isinstance(stop_prob, bool) or not isinstance(stop_prob, (int, float)) or not 0.0 <= stop_prob < 1.0:
+        raise HeteroConfigError(f"'draft_stop_prob' must be a number in [0, 1), got {stop_prob!r}; e.g. 0.3, or 0 to disable")
     settings = HeteroSettings(
         algorithm=algorithm,
         draft_model=draft_model,
@@ -142,6 +153,7 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
         lookbehind=_int(spec, "lookbehind", 4, 0),
         draft_dtype=dtype,
         min_shared_tokens=_int(spec, "min_shared_tokens", 256, 1),
+        draft_stop_prob=float(stop_prob),
     )
     for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens"):
         spec.pop(key, None)

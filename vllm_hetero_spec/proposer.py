@@ -65,7 +65,7 @@ class HeteroProposer:
         self.settings = HeteroSettings.from_dict(raw)
         self.k = self.settings.num_speculative_tokens
         target_vocab = vllm_config.model_config.get_vocab_size()
-        dtype = torch.float32 if self.settings.draft_dtype == "float32" else torch.bfloat16
+        dtype = getattr(torch, self.settings.draft_dtype)
         self.runtime = DraftModelRuntime(self.settings.draft_model, dtype)
         self.bridge = VocabBridge.build(
             self.settings.draft_tokenizer,
@@ -212,7 +212,13 @@ class HeteroProposer:
                 rows.temperature[live], rows.top_k[live], rows.top_p[live], [rows.generators[i] for i in live]
             )
             q = processed_probs(logits[:, : inter.draft_to_target.numel()], sub, allowed)
-            tokens = sample(q, sub).tolist()
+            sampled = sample(q, sub)
+            # Confidence from the untempered draft distribution (q is one-hot when greedy).
+            raw = logits[:, : inter.draft_to_target.numel()]
+            if allowed is not None:
+                raw = raw.masked_fill(~allowed, float("-inf"))
+            confidence = raw.softmax(dim=-1).gather(1, sampled.unsqueeze(1)).squeeze(1).tolist()
+            tokens = sampled.tolist()
             still = []
             for j, i in enumerate(live):
                 tok = tokens[j]
@@ -222,6 +228,8 @@ class HeteroProposer:
                 if tok in self._draft_specials:
                     continue
                 states[i].draft.append_drafted(tok)
+                if confidence[j] < self.settings.draft_stop_prob:
+                    continue
                 still.append(i)
             live = still
             if not live or step == n_steps - 1:

@@ -1,0 +1,63 @@
+"""Bad hetero configs fail at start-up, naming the key and the fix; vLLM's own still work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm.engine.arg_utils import EngineArgs
+
+from vllm_hetero_spec.config import HeteroConfigError
+
+
+def _engine_config(target: str, spec):
+    return EngineArgs(model=target, dtype="float32", max_model_len=512, speculative_config=spec).create_engine_config()
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ({"algorithm": "magic"}, "'algorithm'"),
+        ({"num_speculative_tokens": 0}, "'num_speculative_tokens'"),
+        ({"num_speculative_tokens": "4"}, "'num_speculative_tokens'"),
+        ({"model": "/nonexistent/draft"}, "'model'"),
+        ({"model": None}, "'model'"),
+        ({"draft_dtype": "int3"}, "'draft_dtype'"),
+        ({"lookbehind": -1}, "'lookbehind'"),
+        ({"draft_tokenizer": "/nonexistent/tok"}, "'draft_tokenizer'"),
+        ({"min_shared_tokens": 10_000_000}, "'min_shared_tokens'"),
+    ],
+)
+def test_bad_config_names_key(gemma: str, smollm2: str, override: dict, key: str) -> None:
+    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "slem", **override}
+    with pytest.raises(HeteroConfigError) as err:
+        _engine_config(gemma, spec)
+    assert key in str(err.value)
+
+
+def test_unreadable_draft_model(gemma: str, tmp_path) -> None:
+    (tmp_path / "config.json").write_text("{not json")
+    spec = {"method": "hetero", "model": str(tmp_path), "num_speculative_tokens": 4}
+    with pytest.raises(HeteroConfigError, match="'model'"):
+        _engine_config(gemma, spec)
+
+
+def test_unknown_key_rejected(gemma: str, smollm2: str) -> None:
+    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algoritm": "tli"}
+    with pytest.raises(Exception, match="algoritm"):
+        _engine_config(gemma, spec)
+
+
+def test_good_config_from_file_becomes_custom_class(gemma: str, smollm2: str, tmp_path) -> None:
+    path = tmp_path / "hetero.json"
+    path.write_text(json.dumps({"method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": "tli"}))
+    cfg = _engine_config(gemma, str(path))
+    assert cfg.speculative_config.method == "custom_class"
+    assert cfg.speculative_config.num_speculative_tokens == 3
+    assert cfg.additional_config["hetero_spec"]["algorithm"] == "tli"
+
+
+def test_vllm_own_methods_untouched(gemma: str) -> None:
+    cfg = _engine_config(gemma, {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3})
+    assert cfg.speculative_config.method == "ngram"
+    assert "hetero_spec" not in (cfg.additional_config or {})
