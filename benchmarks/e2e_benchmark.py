@@ -37,9 +37,9 @@ def configs(draft: str, same_vocab_draft: str, k: int) -> dict[str, dict | None]
         },
         "ours slem": {"method": "hetero", "model": draft, "num_speculative_tokens": k, "algorithm": "slem"},
         "ours tli": {"method": "hetero", "model": draft, "num_speculative_tokens": k, "algorithm": "tli"},
-        "ours tli, draft_stop_prob 0.3": {
-            "method": "hetero", "model": draft, "num_speculative_tokens": k, "algorithm": "tli",
-            "draft_stop_prob": 0.3,
+        "ours dtw (faithful)": {
+            "method": "hetero", "model": draft, "num_speculative_tokens": k, "algorithm": "dtw",
+            "dtw_verify": "faithful",
         },
     }
 
@@ -68,48 +68,49 @@ def main() -> None:
     same = str(ensure_model(args.same_vocab_draft))
     prompts = chat_prompts(target, spec_bench_questions(args.num_prompts))
     rows = []
-    for temp in args.temperatures:
-        for bs in args.batch_sizes:
-            n = bs if bs > 1 else min(len(prompts), 4)
-            plain_tps = None
-            for name, spec in configs(draft, same, args.k).items():
-                if args.only and name != "plain" and not any(s in name for s in args.only):
-                    continue
-                runs = []
-                for rep in range(args.repeats):
-                    job = {
-                        "target": target, "prompts": prompts[:n], "max_tokens": args.max_tokens,
-                        "temperature": temp, "batch_size": bs, "speculative_config": spec,
-                        "request_seeds": list(range(n)), "ignore_eos": True,
-                    }
-                    t0 = time.time()
-                    try:
-                        runs.append(run_isolated(job))
-                    except RuntimeError as e:
-                        print(f"{name} T={temp} bs={bs}: FAILED {str(e)[-300:]}", flush=True)
-                        break
-                    print(f"{name} T={temp} bs={bs} rep={rep}: {runs[-1]['tok_per_s']:.2f} tok/s "
-                          f"({time.time() - t0:.0f}s wall)", flush=True)
-                if not runs:
-                    rows.append({"config": name, "temperature": temp, "batch_size": bs, "error": "failed"})
-                    continue
-                tps = _median([r["tok_per_s"] for r in runs])
-                if name == "plain":
-                    plain_tps = tps
-                rows.append({
-                    "config": name, "temperature": temp, "batch_size": bs, "repeats": len(runs),
-                    "tok_per_s": tps,
-                    "speedup": tps / plain_tps if plain_tps else None,
-                    "acceptance_rate": _median([r["acceptance_rate"] for r in runs]),
-                    "mean_acceptance_length": _median([r["mean_acceptance_length"] for r in runs]),
-                    "bridge_ms_per_step": _median([r.get("bridge_ms_per_step") for r in runs]),
-                    "draft_ms_per_step": _median([r.get("draft_ms_per_step") for r in runs]),
-                })
     OUT.mkdir(exist_ok=True)
     meta = {"args": vars(args), "machine": f"{platform.machine()} {platform.processor()}",
             "date": time.strftime("%Y-%m-%d")}
-    (OUT / "e2e.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    (OUT / "e2e.md").write_text(to_markdown(rows, args))
+    cells = [(t, b) for b in args.batch_sizes for t in args.temperatures]
+    for temp, bs in cells:
+        n = bs if bs > 1 else min(len(prompts), 4)
+        plain_tps = None
+        for name, spec in configs(draft, same, args.k).items():
+            if args.only and name != "plain" and not any(s in name for s in args.only):
+                continue
+            runs = []
+            for rep in range(args.repeats):
+                job = {
+                    "target": target, "prompts": prompts[:n], "max_tokens": args.max_tokens,
+                    "temperature": temp, "batch_size": bs, "speculative_config": spec,
+                    "request_seeds": list(range(n)), "ignore_eos": True,
+                }
+                t0 = time.time()
+                try:
+                    runs.append(run_isolated(job))
+                except RuntimeError as e:
+                    print(f"{name} T={temp} bs={bs}: FAILED {str(e)[-300:]}", flush=True)
+                    break
+                print(f"{name} T={temp} bs={bs} rep={rep}: {runs[-1]['tok_per_s']:.2f} tok/s "
+                      f"({time.time() - t0:.0f}s wall)", flush=True)
+            if not runs:
+                rows.append({"config": name, "temperature": temp, "batch_size": bs, "error": "failed"})
+                continue
+            tps = _median([r["tok_per_s"] for r in runs])
+            if name == "plain":
+                plain_tps = tps
+            rows.append({
+                "config": name, "temperature": temp, "batch_size": bs, "repeats": len(runs),
+                "tok_per_s": tps,
+                "speedup": tps / plain_tps if plain_tps else None,
+                "acceptance_rate": _median([r["acceptance_rate"] for r in runs]),
+                "mean_acceptance_length": _median([r["mean_acceptance_length"] for r in runs]),
+                "bridge_ms_per_step": _median([r.get("bridge_ms_per_step") for r in runs]),
+                "draft_ms_per_step": _median([r.get("draft_ms_per_step") for r in runs]),
+            })
+            # Written after every row, so an interrupted run keeps what it measured.
+            (OUT / "e2e.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+            (OUT / "e2e.md").write_text(to_markdown(rows, args))
     print(to_markdown(rows, args))
 
 

@@ -23,7 +23,8 @@ from typing import Any
 METHOD = "hetero"
 ADDITIONAL_CONFIG_KEY = "hetero_spec"
 PROPOSER_CLASS = "vllm_hetero_spec.proposer.HeteroProposer"
-ALGORITHMS = ("slem", "tli")
+ALGORITHMS = ("slem", "tli", "dtw")
+DTW_VERIFY = ("lossless", "faithful")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -51,6 +52,9 @@ class HeteroSettings:
             probability of its latest token falls below this (0 = always draft the full
             budget). Decided from draft-side information only, so verification stays
             lossless; it saves drafter time on drafts the target would likely reject.
+        dtw_window: Sakoe-Chiba band of the ``dtw`` alignment (0 = no band).
+        dtw_verify: ``lossless`` (one-hot proposals: exact) or ``faithful`` (the
+            TokenTiming paper's transferred probabilities: approximately lossless).
     """
 
     algorithm: str
@@ -62,6 +66,8 @@ class HeteroSettings:
     draft_dtype: str = "float32"
     min_shared_tokens: int = 256
     draft_stop_prob: float = 0.0
+    dtw_window: int = 8
+    dtw_verify: str = "lossless"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,7 +80,7 @@ class HeteroSettings:
 
 HETERO_KEYS = (
     "algorithm", "draft_tokenizer", "max_draft_tokens", "lookbehind", "draft_dtype", "min_shared_tokens",
-    "draft_stop_prob",
+    "draft_stop_prob", "dtw_window", "dtw_verify",
 )
 
 
@@ -141,6 +147,9 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
     dtype = spec.pop("draft_dtype", "float32")
     if dtype not in DTYPES:
         raise HeteroConfigError(f"'draft_dtype' = {dtype!r} is not supported; choose one of {list(DTYPES)}")
+    dtw_verify = spec.pop("dtw_verify", "lossless")
+    if dtw_verify not in DTW_VERIFY:
+        raise HeteroConfigError(f"'dtw_verify' = {dtw_verify!r} is not supported; choose one of {list(DTW_VERIFY)}")
     stop_prob = spec.pop("draft_stop_prob", 0.0)
     if isinstance(stop_prob, bool) or not isinstance(stop_prob, (int, float)) or not 0.0 <= stop_prob < 1.0:
         raise HeteroConfigError(f"'draft_stop_prob' must be a number in [0, 1), got {stop_prob!r}; e.g. 0.3, or 0 to disable")
@@ -154,8 +163,10 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
         draft_dtype=dtype,
         min_shared_tokens=_int(spec, "min_shared_tokens", 256, 1),
         draft_stop_prob=float(stop_prob),
+        dtw_window=_int(spec, "dtw_window", 8, 0),
+        dtw_verify=dtw_verify,
     )
-    for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens"):
+    for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens", "dtw_window"):
         spec.pop(key, None)
     spec.pop("method")
     vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS, **spec}

@@ -19,7 +19,9 @@ import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 
+from vllm_hetero_spec.alignment import PackedVocab, dtw_align_batch
 from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
+from vllm_hetero_spec.dtw import transfer_probs
 from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
@@ -41,6 +43,15 @@ class RequestState:
     draft: AlignedTokens
     cache: RequestKVCache
     generator: torch.Generator | None
+
+
+@dataclass
+class DraftOutput:
+    """One step's drafts for the active requests (see ``HeteroProposer._draft``)."""
+
+    ids: list[list[int]]
+    token_q: list[list[float]]
+    q_rows: list[torch.Tensor]
 
 
 @dataclass
@@ -81,6 +92,9 @@ class HeteroProposer:
         self._draft_specials = {
             tid for tid, b in enumerate(self.bridge.draft_encoder.token_bytes) if b is None
         } | set(self.bridge.draft_tokenizer.all_special_ids)
+        self._target_eos = self.bridge.target_tokenizer.eos_token_id
+        self._draft_packed = PackedVocab.build(self.bridge.draft_encoder.token_bytes)
+        self._target_packed = PackedVocab.build(self.bridge.target_encoder.token_bytes)
         logger.info(
             "hetero spec: algorithm=%s k=%d draft=%s; shared tokens=%d",
             self.settings.algorithm,
@@ -125,19 +139,21 @@ class HeteroProposer:
             self._sync(req_id, token_ids_cpu[row, : int(num_tokens_no_spec[row])])
             active.append(row)
         t1 = time.perf_counter()
-        drafts, probs = self._draft([req_ids[r] for r in active])
+        draft = self._draft([req_ids[r] for r in active])
         t2 = time.perf_counter()
         out: list[list[int]] = [[] for _ in req_ids]
         if self.settings.algorithm == "tli":
             full = torch.zeros(len(req_ids), self.k, self.target_vocab)
             for i, row in enumerate(active):
-                out[row] = drafts[i]
-                if drafts[i]:
-                    full[row, : len(drafts[i])] = probs[i]
+                out[row] = draft.ids[i]
+                if draft.ids[i]:
+                    full[row, : len(draft.ids[i])] = draft.q_rows[i]
             self._last_probs = full
         else:
             for i, row in enumerate(active):
-                out[row] = self._to_target(req_ids[row], drafts[i])
+                out[row] = self._to_target(req_ids[row], draft.ids[i])
+            if self.settings.algorithm == "dtw" and self.settings.dtw_verify == "faithful":
+                self._last_probs = self._dtw_probs(active, draft, out, len(req_ids))
         t3 = time.perf_counter()
         self.stats.steps += 1
         self.stats.bridge_s += (t1 - t0) + (t3 - t2)
@@ -170,7 +186,7 @@ class HeteroProposer:
         state.n_target = len(tokens)
         state.target_tail = (state.target_tail + new)[-_TARGET_TAIL:]
         before = state.draft.mismatches
-        kept = state.draft.sync(state.text, verified=0)
+        kept = state.draft.sync(state.text)
         self.stats.realign_mismatches += state.draft.mismatches - before
         state.cache.truncate(kept)
         if state.cache.length >= len(state.draft.ids):
@@ -191,14 +207,16 @@ class HeteroProposer:
             [self.states[r].generator for r in req_ids],
         )
 
-    def _draft(self, req_ids: list[str]) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """Run the packed draft loop. Returns per request the proposals (draft ids for
-        slem, target ids for tli) and, for tli, the ``[n, target_vocab]`` q rows."""
+    def _draft(self, req_ids: list[str]) -> "DraftOutput":
+        """Run the packed draft loop: per request the proposals (draft ids for slem and
+        dtw, target ids for tli), each token's probability under the distribution it was
+        sampled from, and for tli the full ``[n, target_vocab]`` q rows."""
         n_steps = self.k if self.settings.algorithm == "tli" else self.settings.max_draft_tokens
         drafts: list[list[int]] = [[] for _ in req_ids]
+        token_q: list[list[float]] = [[] for _ in req_ids]
         probs: list[list[torch.Tensor]] = [[] for _ in req_ids]
         if not req_ids:
-            return drafts, []
+            return DraftOutput(drafts, token_q, [])
         states = [self.states[r] for r in req_ids]
         rows = self._sampling_rows(req_ids)
         inter = self.bridge.intersection
@@ -219,10 +237,12 @@ class HeteroProposer:
                 raw = raw.masked_fill(~allowed, float("-inf"))
             confidence = raw.softmax(dim=-1).gather(1, sampled.unsqueeze(1)).squeeze(1).tolist()
             tokens = sampled.tolist()
+            sampled_q = q.gather(1, sampled.unsqueeze(1)).squeeze(1).tolist()
             still = []
             for j, i in enumerate(live):
                 tok = tokens[j]
                 drafts[i].append(tok)
+                token_q[i].append(sampled_q[j])
                 if allowed is not None:
                     probs[i].append(inter.to_target_probs(q[j]))
                 if tok in self._draft_specials:
@@ -236,8 +256,8 @@ class HeteroProposer:
                 break
         if allowed is not None:
             mapped = [inter.draft_to_target[d].tolist() if d else [] for d in drafts]
-            return mapped, [torch.stack(p) if p else torch.empty(0) for p in probs]
-        return drafts, []
+            return DraftOutput(mapped, token_q, [torch.stack(p) if p else torch.empty(0) for p in probs])
+        return DraftOutput(drafts, token_q, [])
 
     def _to_target(self, req_id: str, draft_ids: list[int]) -> list[int]:
         """slem: re-tokenize the draft text with the target tokenizer."""
@@ -247,8 +267,20 @@ class HeteroProposer:
         body = draft_ids[:-1] if stop_special else draft_ids
         text = b"".join(enc.bytes_of(t) for t in body)
         out = propose_continuation(self.bridge.target_encoder, state.target_tail, text, self.k)
-        if stop_special and len(out) < self.k and len(body) and len(out) >= 0:
-            eos = self.bridge.target_tokenizer.eos_token_id
-            if eos is not None:
-                out.append(eos)
+        if stop_special and len(out) < self.k and self._target_eos is not None:
+            out.append(self._target_eos)
         return out
+
+    def _dtw_probs(self, active: list[int], draft: DraftOutput, proposals: list[list[int]], n_rows: int) -> torch.Tensor:
+        """TokenTiming's transfer: align each request's draft tokens with its proxy
+        (re-tokenized) tokens by DTW and carry the matched draft token's probability
+        over as the proxy token's proposal probability (a one-entry q row)."""
+        full = torch.zeros(n_rows, self.k, self.target_vocab)
+        bodies = [[t for t in draft.ids[i] if t not in self._draft_specials] for i in range(len(active))]
+        proxies = [[t for t in proposals[row] if t != self._target_eos] for row in active]
+        results = dtw_align_batch(bodies, proxies, self._draft_packed, self._target_packed, self.settings.dtw_window)
+        for i, row in enumerate(active):
+            q = transfer_probs(results[i].path, draft.token_q[i], len(proposals[row]))
+            for j, (tid, qj) in enumerate(zip(proposals[row], q)):
+                full[row, j, tid] = qj
+        return full

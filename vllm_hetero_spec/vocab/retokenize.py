@@ -62,6 +62,7 @@ class AlignedTokens:
         self.ids: list[int] = list(prefix_ids)
         self.ends: list[int] = [0] * len(prefix_ids)
         self.n_fixed = len(prefix_ids)
+        self.n_verified = len(prefix_ids)  # ids known to spell a prefix of the text
         self.mismatches = 0
 
     @property
@@ -72,27 +73,29 @@ class AlignedTokens:
     def _truncate(self, n: int) -> None:
         del self.ids[n:]
         del self.ends[n:]
+        self.n_verified = min(self.n_verified, n)
 
-    def matching_prefix(self, text: bytes | bytearray, start: int = 0) -> int:
-        """Number of ids (from ``start``) whose bytes spell a prefix of ``text``."""
+    def matching_prefix(self, text: bytes | bytearray, limit: int, start: int = 0) -> int:
+        """Number of ids (checking from ``start``) whose bytes spell ``text[:limit]``'s prefix."""
         j = max(start, self.n_fixed)
         while j < len(self.ids):
             begin = self.ends[j - 1] if j > 0 else 0
             end = self.ends[j]
-            if end > len(text) or text[begin:end] != self.encoder.bytes_of(self.ids[j]):
+            if end > limit or text[begin:end] != self.encoder.bytes_of(self.ids[j]):
                 break
             j += 1
         return j
 
-    def sync(self, text: bytes | bytearray, verified: int = 0) -> int:
+    def sync(self, text: bytes | bytearray) -> int:
         """Make the ids spell ``text`` (minus an incomplete UTF-8 tail).
 
-        ``verified`` ids are known to still match (a caller hint to skip rechecking).
+        ``text`` only ever grows, so ids verified by an earlier sync are not rechecked:
+        the work per call is proportional to the new text, not the context.
         Returns the number of leading ids kept unchanged, so the caller can roll back
         state that depends on the dropped ones (the draft KV cache).
         """
         usable = complete_utf8_prefix(text)
-        keep = self.matching_prefix(text[:usable], verified)
+        keep = self.matching_prefix(text, usable, self.n_verified)
         start = max(self.n_fixed, keep - self.lookbehind)
         begin = self.ends[start - 1] if start > 0 else 0
         # Byte-level tokens may end inside a UTF-8 character; a window must not start there.
@@ -112,6 +115,9 @@ class AlignedTokens:
             pos += len(self.encoder.bytes_of(tid))
             self.ids.append(tid)
             self.ends.append(pos)
+        # A tokenizer that normalizes text (so its tokens do not spell the window
+        # byte-exactly) gets its new ids rechecked next time instead of trusted.
+        self.n_verified = len(self.ids) if pos == usable else kept
         return kept
 
     def append_drafted(self, tid: int) -> None:
