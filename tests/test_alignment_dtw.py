@@ -97,3 +97,15 @@ def test_unicode_split_across_tokens() -> None:
 def test_compiled_module_is_in_use() -> None:
     assert alignment.compiled_module.__file__.endswith((".so", ".pyd"))
     assert alignment.common_prefix([1, 2, 3, 4], [1, 2, 9]) == 2
+
+
+def test_transfer_probs_takes_first_aligned_draft_token() -> None:
+    from vllm_hetero_spec.dtw import transfer_probs
+
+    # draft "hel","lo"," wor","ld" vs proxy "hello"," world": two merges
+    path = np.array([[0, 0], [1, 0], [2, 1], [3, 1]])
+    assert transfer_probs(path, [0.5, 0.9, 0.3, 0.8], 2) == [0.5, 0.3]
+    # one draft token split into two proxies: both get its probability; an appended
+    # end-of-sequence proxy past the path takes the last draft token's
+    path = np.array([[0, 0], [0, 1]])
+    assert transfer_probs(path, [0.7, 0.2], 3) == [0.7, 0.7, 0.2]

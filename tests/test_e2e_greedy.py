@@ -37,14 +37,22 @@ def _plain(target: str) -> dict:
     return _plain_cache[target]
 
 
-@pytest.mark.parametrize("algorithm", ["slem", "tli"])
-@pytest.mark.parametrize("target_name", ["qwen05", "gemma"])
-def test_identical_to_target_alone(algorithm: str, target_name: str, request: pytest.FixtureRequest,
+CASES = [
+    ("qwen05", {"algorithm": "slem"}),
+    ("qwen05", {"algorithm": "tli"}),
+    ("gemma", {"algorithm": "slem"}),
+    ("gemma", {"algorithm": "tli"}),
+    ("gemma", {"algorithm": "dtw", "dtw_verify": "faithful"}),
+]
+
+
+@pytest.mark.parametrize("target_name,settings", CASES, ids=[f"{t}-{s['algorithm']}" for t, s in CASES])
+def test_identical_to_target_alone(target_name: str, settings: dict, request: pytest.FixtureRequest,
                                    smollm2: str) -> None:
     target = request.getfixturevalue(target_name)
     plain = _plain(target)
     spec = run_isolated(
-        _job(target, {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": algorithm})
+        _job(target, {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, **settings})
     )
     assert len(plain["token_ids"]) == len(BRIDGE_STRESS) >= 8
     for prompt, a, b in zip(BRIDGE_STRESS, plain["token_ids"], spec["token_ids"]):

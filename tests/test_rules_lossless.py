@@ -5,7 +5,6 @@ chi-square test that the emitted tokens follow the target distribution. Each tes
 fail: the `broken` cases check that the same test rejects a deliberately wrong rule.
 """
 
-import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare

@@ -11,7 +11,7 @@ exact draft distribution for ``tli``.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -63,7 +63,6 @@ class ProposerStats:
     draft_s: float = 0.0
     proposed: int = 0
     realign_mismatches: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class HeteroProposer:
@@ -136,8 +135,8 @@ class HeteroProposer:
         for row, req_id in enumerate(req_ids):
             if not sampled_token_ids[row]:
                 continue  # still prefilling: nothing sampled yet, nothing to draft from
-            self._sync(req_id, token_ids_cpu[row, : int(num_tokens_no_spec[row])])
-            active.append(row)
+            if self._sync(req_id, token_ids_cpu[row, : int(num_tokens_no_spec[row])]):
+                active.append(row)
         t1 = time.perf_counter()
         draft = self._draft([req_ids[r] for r in active])
         t2 = time.perf_counter()
@@ -166,7 +165,7 @@ class HeteroProposer:
         for req_id in [r for r in self.states if r not in known]:
             del self.states[req_id]
 
-    def _new_state(self, req_id: str, tokens: np.ndarray) -> RequestState:
+    def _new_state(self, req_id: str) -> RequestState:
         params = self.runner.requests[req_id].sampling_params
         gen = None
         if params is not None and params.seed is not None:
@@ -174,11 +173,13 @@ class HeteroProposer:
         draft = AlignedTokens(self.bridge.draft_encoder, self.bridge.draft_prefix_ids, self.settings.lookbehind)
         return RequestState(bytearray(), 0, [], draft, self.runtime.new_cache(), gen)
 
-    def _sync(self, req_id: str, tokens: np.ndarray) -> None:
-        """Append newly committed target tokens as text; realign the draft tokens."""
+    def _sync(self, req_id: str, tokens: np.ndarray) -> bool:
+        """Append newly committed target tokens as text; realign the draft tokens.
+        Returns False when there is nothing to draft from yet (e.g. the text so far is
+        one incomplete UTF-8 character and the drafter adds no prefix token)."""
         state = self.states.get(req_id)
         if state is None or state.n_target > len(tokens):
-            state = self.states[req_id] = self._new_state(req_id, tokens)
+            state = self.states[req_id] = self._new_state(req_id)
         new = tokens[state.n_target :].tolist()
         enc = self.bridge.target_encoder
         for tid in new:
@@ -189,9 +190,12 @@ class HeteroProposer:
         kept = state.draft.sync(state.text)
         self.stats.realign_mismatches += state.draft.mismatches - before
         state.cache.truncate(kept)
+        if not state.draft.ids:
+            return False
         if state.cache.length >= len(state.draft.ids):
             # Everything is cached but we need logits at the last token: recompute it.
             state.cache.truncate(len(state.draft.ids) - 1)
+        return True
 
     def _sampling_rows(self, req_ids: list[str]) -> SamplingRows:
         temps, top_k, top_p = [], [], []
