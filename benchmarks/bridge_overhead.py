@@ -1,10 +1,12 @@
 """Per-step bridge overhead: re-tokenization + DTW alignment, per request per step.
 
-Replays real text through the real tokenizers (SmolLM2 draft, Qwen2.5-Coder target):
-each simulated step commits k+1 target tokens, realigns the draft tokenization
-(look-behind re-encode), re-tokenizes k draft tokens' text into target tokens, and
-aligns draft and proxy tokens by DTW (w = 8). The compiled DTW is compared with a
-plain-Python reference kept here for that purpose.
+Replays real text through the real tokenizers (SmolLM2 draft, Qwen2.5-Coder target)
+with the proposer's own batched functions: each simulated step commits k+1 target tokens
+for every request, realigns the draft tokenizations (look-behind re-encode, one batched
+tokenizer call), re-tokenizes k draft tokens' text into target tokens (one batched call)
+and aligns draft and proxy tokens by DTW (w = 8, one compiled call). For comparison it
+also times the same re-tokenization one request at a time, and a plain-Python DTW
+reference kept here for that purpose.
 
     .venv/bin/python benchmarks/bridge_overhead.py
 
@@ -14,14 +16,15 @@ Writes benchmarks/results/bridge.json and bridge.md.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
-from vllm_hetero_spec.alignment import PackedVocab, dtw_align_batch
+from vllm_hetero_spec.alignment import dtw_align_batch
 from vllm_hetero_spec.models import ensure_model
 from vllm_hetero_spec.prompts import spec_bench_questions
 from vllm_hetero_spec.vocab.bridge import VocabBridge
-from vllm_hetero_spec.vocab.retokenize import AlignedTokens, propose_continuation
+from vllm_hetero_spec.vocab.retokenize import AlignedTokens, propose_continuation, propose_continuations, sync_batch
 
 OUT = Path(__file__).parent / "results"
 
@@ -49,60 +52,103 @@ def python_dtw(a: list[bytes], b: list[bytes], w: int) -> int:
     return int(d[-1][-1])
 
 
+def _target_step_ms(batch: int) -> float | None:
+    """Plain decoding's step time on this machine from the e2e benchmark (Qwen-1.5B,
+    fp32): batch / tok/s. Batches it did not run are scaled linearly from the largest
+    one it did (a CPU step is compute-bound, so this is about right, not a measurement)."""
+    path = OUT / "e2e.json"
+    if not path.exists():
+        return None
+    plain = {r["batch_size"]: r["tok_per_s"] for r in json.loads(path.read_text())["rows"]
+             if r["config"] == "plain" and r["temperature"] == 0.0}
+    if not plain:
+        return None
+    if batch in plain:
+        return 1e3 * batch / plain[batch]
+    ref = max(plain)
+    return 1e3 * ref / plain[ref] * batch / ref
+
+
+def _streams(bridge: VocabBridge, batch: int) -> list[list[int]]:
+    texts = spec_bench_questions(64)
+    return [bridge.target_tokenizer.encode(texts[i % len(texts)] * 4, add_special_tokens=False) for i in range(batch)]
+
+
 def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as in the engine's tests
     draft_path, target_path = str(ensure_model("smollm2-135m")), str(ensure_model("qwen2.5-coder-1.5b"))
     bridge = VocabBridge.build(draft_path, target_path, 49152, 151936)
     denc, tenc = bridge.draft_encoder, bridge.target_encoder
-    dpack, tpack = PackedVocab.build(denc.token_bytes), PackedVocab.build(tenc.token_bytes)
-    texts = spec_bench_questions(64)
     rows = []
+    warmup, steps = 2, 24
     for k in (4, 8):
         for batch in (1, 16, 64):
-            streams = [bridge.target_tokenizer.encode(texts[i % len(texts)] * 3, add_special_tokens=False)
-                       for i in range(batch)]
-            drafts = [bridge.draft_tokenizer.encode(texts[(i + 1) % len(texts)], add_special_tokens=False)
-                      for i in range(batch)]
-            states = [AlignedTokens(denc, [], 4) for _ in range(batch)]
+            streams = _streams(bridge, batch)
+            batched = [AlignedTokens(denc, [], 4) for _ in range(batch)]
+            single = [AlignedTokens(denc, [], 4) for _ in range(batch)]
             texts_b = [bytearray() for _ in range(batch)]
             for i in range(batch):  # prompt: 16 target tokens
-                for t in streams[i][:16]:
-                    texts_b[i] += tenc.bytes_of(t)
-                states[i].sync(texts_b[i])
-            steps, retok_s, dtw_s, py_s = 8, 0.0, 0.0, 0.0
-            for s in range(steps):
+                texts_b[i] += b"".join(tenc.bytes_of(t) for t in streams[i][:16])
+            sync_batch(batched, texts_b)
+            for a, t in zip(single, texts_b):
+                a.sync(t)
+            t_realign = t_batched = t_single = t_dtw = t_py = 0.0
+            for s in range(warmup + steps):
                 lo = 16 + s * (k + 1)
-                t0 = time.perf_counter()
-                proxies, bodies = [], []
                 for i in range(batch):
-                    for t in streams[i][lo : lo + k + 1]:
-                        texts_b[i] += tenc.bytes_of(t)
-                    states[i].sync(texts_b[i])
-                    body = drafts[i][s * k : (s + 1) * k]
-                    text = b"".join(denc.bytes_of(t) for t in body)
-                    proxies.append(propose_continuation(tenc, streams[i][lo + k - 3 : lo + k + 1], text, k))
-                    bodies.append(body)
+                    texts_b[i] += b"".join(tenc.bytes_of(t) for t in streams[i][lo : lo + k + 1])
+                tails = [streams[i][lo + k - 3 : lo + k + 1] for i in range(batch)]
+                # The drafter's k tokens: the draft tokenization of what the target says
+                # next (a drafter that guesses right), so token boundaries are realistic.
+                future = [b"".join(tenc.bytes_of(t) for t in streams[i][lo + k + 1 : lo + 2 * k + 1])
+                          for i in range(batch)]
+                bodies = [ids[:k] for ids in denc.encode_many(future)]
+                draft_texts = [b"".join(denc.bytes_of(t) for t in body) for body in bodies]
+                t0 = time.perf_counter()
+                sync_batch(batched, texts_b)
+                t_mid = time.perf_counter()
+                proxies = propose_continuations(tenc, tails, draft_texts, k)
                 t1 = time.perf_counter()
-                dtw_align_batch(bodies, proxies, dpack, tpack, 8)
+                dtw_align_batch(bodies, proxies, denc.packed, tenc.packed, 8)
                 t2 = time.perf_counter()
                 for body, proxy in zip(bodies, proxies):
                     if body and proxy:
                         python_dtw([denc.bytes_of(t) for t in body], [tenc.bytes_of(t) for t in proxy], 8)
                 t3 = time.perf_counter()
-                retok_s, dtw_s, py_s = retok_s + t1 - t0, dtw_s + t2 - t1, py_s + t3 - t2
-            per = steps * batch
+                for a, t, tail, text in zip(single, texts_b, tails, draft_texts):
+                    a.sync(t)
+                    propose_continuation(tenc, tail, text, k)
+                t4 = time.perf_counter()
+                if s >= warmup:
+                    t_realign += t_mid - t0
+                    t_batched += t1 - t0
+                    t_dtw += t2 - t1
+                    t_py += t3 - t2
+                    t_single += t4 - t3
+            per = 1e6 / (steps * batch)
+            step_ms = _target_step_ms(batch)
+            bridge_us = (t_batched + t_dtw) * per
             rows.append({
-                "k": k, "batch": batch,
-                "retokenize_us": 1e6 * retok_s / per, "dtw_compiled_us": 1e6 * dtw_s / per,
-                "dtw_python_us": 1e6 * py_s / per, "dtw_speedup": py_s / dtw_s if dtw_s else None,
+                "k": k, "batch": batch, "realign_us": t_realign * per,
+                "retokenize_us": t_batched * per, "retokenize_unbatched_us": t_single * per,
+                "dtw_compiled_us": t_dtw * per, "dtw_python_us": t_py * per,
+                "dtw_speedup": t_py / t_dtw if t_dtw else None,
+                "bridge_us": bridge_us, "bridge_tli_us": t_realign * per,
+                "target_step_ms_est": step_ms,
+                "share_of_step": bridge_us * batch / (1e3 * step_ms) if step_ms else None,
             })
             print(rows[-1], flush=True)
     OUT.mkdir(exist_ok=True)
     (OUT / "bridge.json").write_text(json.dumps(rows, indent=2))
-    lines = ["| k | batch | re-tokenization µs/req/step | DTW compiled µs/req/step | DTW Python µs/req/step | DTW speedup |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| k | batch | realign (all algorithms) | re-tokenization total (slem, dtw) | same, one request at a time | "
+             "DTW compiled µs/req/step | DTW Python µs/req/step | DTW speedup | bridge total µs/req/step | "
+             "share of a target step |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['k']} | {r['batch']} | {r['retokenize_us']:.1f} | {r['dtw_compiled_us']:.1f} | "
-                     f"{r['dtw_python_us']:.1f} | {r['dtw_speedup']:.0f}x |")
+        share = f"{100 * r['share_of_step']:.2f}%" if r["share_of_step"] is not None else "n/a"
+        lines.append(f"| {r['k']} | {r['batch']} | {r['realign_us']:.1f} | {r['retokenize_us']:.1f} | {r['retokenize_unbatched_us']:.1f} | "
+                     f"{r['dtw_compiled_us']:.1f} | {r['dtw_python_us']:.1f} | {r['dtw_speedup']:.0f}x | "
+                     f"{r['bridge_us']:.1f} | {share} |")
     (OUT / "bridge.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

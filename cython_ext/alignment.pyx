@@ -187,15 +187,17 @@ def matching_prefix(
     const unsigned char[::1] vocab_bytes, const i64[::1] vocab_off,
 ):
     """How many leading ids (checking from ``start``) spell ``text[:limit]``'s prefix,
-    token bytes looked up in the packed vocabulary table."""
+    token bytes looked up in the packed vocabulary table. ``ids`` and ``ends`` may be
+    longer than the live tokenization; pass views of its length."""
     cdef i64 j = start if start > n_fixed else n_fixed
-    cdef i64 n = ids.shape[0], begin, end, tid, blen
+    cdef i64 n = ids.shape[0], n_vocab = vocab_off.shape[0] - 1, begin, end, tid, blen
     with nogil:
         while j < n:
             begin = ends[j - 1] if j > 0 else 0
             end = ends[j]
             tid = ids[j]
-            blen = vocab_off[tid + 1] - vocab_off[tid]
+            # Ids past the table (a model's padded embedding rows) spell nothing.
+            blen = vocab_off[tid + 1] - vocab_off[tid] if 0 <= tid < n_vocab else 0
             if end > limit or end - begin != blen:
                 break
             if blen and memcmp(&text[begin], &vocab_bytes[vocab_off[tid]], blen) != 0:
@@ -211,3 +213,30 @@ def common_prefix(const i64[::1] a, const i64[::1] b):
         while i < n and a[i] == b[i]:
             i += 1
     return i
+
+
+def realign(
+    const i64[::1] window, i64[::1] ids, i64[::1] ends, i64 start, i64 keep, i64 begin, const i64[::1] lengths,
+):
+    """Realign a tokenization with its re-encoded look-behind window, in place.
+
+    ``window`` is the encoding of the text from byte ``begin`` (where token ``start``
+    begins); ids ``[start, keep)`` are the old tokens there. The longest common prefix of
+    the two is kept, the rest of the window is written after it with its byte ends.
+    ``ids``/``ends`` need room for ``start + len(window)`` entries; ``lengths`` holds
+    each id's byte length plus a trailing zero used for ids past the table.
+    Returns (tokens kept from the old ids, byte offset where the window's tokens end).
+    """
+    cdef i64 n = window.shape[0], last = lengths.shape[0] - 1, p = 0, i, tid, pos = begin
+    if ids.shape[0] < start + n or ends.shape[0] < start + n:
+        raise ValueError("realign: ids/ends too short for the window")
+    with nogil:
+        while p < n and start + p < keep and window[p] == ids[start + p]:
+            p += 1
+        for i in range(n):
+            tid = window[i]
+            pos += lengths[tid if 0 <= tid < last else last]
+            if i >= p:
+                ids[start + i] = tid
+                ends[start + i] = pos
+    return start + p, pos

@@ -9,7 +9,13 @@ from transformers import AutoTokenizer
 
 from vllm_hetero_spec.prompts import BRIDGE_STRESS
 from vllm_hetero_spec.vocab.bridge import VocabBridge
-from vllm_hetero_spec.vocab.retokenize import AlignedTokens, complete_utf8_prefix, propose_continuation
+from vllm_hetero_spec.vocab.retokenize import (
+    AlignedTokens,
+    complete_utf8_prefix,
+    propose_continuation,
+    propose_continuations,
+    sync_batch,
+)
 from vllm_hetero_spec.vocab.token_bytes import token_bytes_table
 
 TEXTS = BRIDGE_STRESS + ["<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "ÅÉÎÕÜ ñ ç ß œ", "x" * 300]
@@ -83,8 +89,40 @@ def test_aligned_tokens_follow_growing_text(tokenizers: dict, smollm2: str, gemm
             aligned.sync(buf)
             spelled = b"".join(dst_enc.bytes_of(t) for t in aligned.ids)
             assert spelled == bytes(buf[: complete_utf8_prefix(buf)])
-        canonical += aligned.ids == tokenizers[dst].encode(text, add_special_tokens=False)
+        canonical += aligned.ids.tolist() == tokenizers[dst].encode(text, add_special_tokens=False)
     assert canonical >= len(TEXTS) - 1
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma", "qwen"])
+def test_batched_encoder_matches_tokenizer(tokenizers: dict, smollm2: str, gemma: str, qwen05: str, name: str) -> None:
+    """The hot path's batched Rust call gives exactly the tokenizer's own encoding."""
+    path = {"smollm2": smollm2, "gemma": gemma, "qwen": qwen05}[name]
+    enc = VocabBridge.build(path, path, None, None).target_encoder
+    windows = [t.encode() for t in TEXTS] + [b"", "é".encode()[:1], b" \n\n  x"]
+    expected = [tokenizers[name].encode(w.decode(errors="replace"), add_special_tokens=False) for w in windows]
+    assert enc.encode_many(windows) == expected
+
+
+def test_sync_batch_equals_one_by_one(tokenizers: dict, smollm2: str, qwen05: str) -> None:
+    """Batched realignment over many requests is the per-request sync, request by request."""
+    bridge = VocabBridge.build(smollm2, qwen05, None, None)
+    src_enc, dst_enc = bridge.target_encoder, bridge.draft_encoder
+    streams = [tokenizers["qwen"].encode(t, add_special_tokens=False) for t in TEXTS]
+    single = [AlignedTokens(dst_enc, [], lookbehind=4) for _ in streams]
+    batched = [AlignedTokens(dst_enc, [], lookbehind=4) for _ in streams]
+    bufs = [bytearray() for _ in streams]
+    for step in range(0, max(len(s) for s in streams), 3):
+        for buf, ids in zip(bufs, streams):
+            buf += b"".join(src_enc.bytes_of(t) for t in ids[step : step + 3])
+        kept_single = [a.sync(b) for a, b in zip(single, bufs)]
+        assert sync_batch(batched, bufs) == kept_single
+        assert all(a.ids.tolist() == b.ids.tolist() for a, b in zip(single, batched))
+    tails = [s[:4] for s in streams]
+    texts = [b"".join(src_enc.bytes_of(t) for t in s[4:12]) for s in streams]
+    outs = propose_continuations(src_enc, tails, texts, 6)
+    for text, out in zip(texts, outs):
+        assert text.startswith(b"".join(src_enc.bytes_of(t) for t in out))
+    assert sum(out == s[4:10] for out, s in zip(outs, streams)) >= len(streams) - 1
 
 
 def test_propose_continuation_realigns_mid_word(tokenizers: dict, smollm2: str, qwen05: str) -> None:

@@ -19,14 +19,14 @@ import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 
-from vllm_hetero_spec.alignment import PackedVocab, dtw_align_batch
+from vllm_hetero_spec.alignment import dtw_align_batch
 from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
 from vllm_hetero_spec.dtw import transfer_probs
 from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
 from vllm_hetero_spec.vocab.bridge import VocabBridge
-from vllm_hetero_spec.vocab.retokenize import AlignedTokens, propose_continuation
+from vllm_hetero_spec.vocab.retokenize import AlignedTokens, propose_continuations, sync_batch
 
 logger = init_logger(__name__)
 
@@ -92,8 +92,6 @@ class HeteroProposer:
             tid for tid, b in enumerate(self.bridge.draft_encoder.token_bytes) if b is None
         } | set(self.bridge.draft_tokenizer.all_special_ids)
         self._target_eos = self.bridge.target_tokenizer.eos_token_id
-        self._draft_packed = PackedVocab.build(self.bridge.draft_encoder.token_bytes)
-        self._target_packed = PackedVocab.build(self.bridge.target_encoder.token_bytes)
         logger.info(
             "hetero spec: algorithm=%s k=%d draft=%s; shared tokens=%d",
             self.settings.algorithm,
@@ -131,12 +129,10 @@ class HeteroProposer:
         req_ids: list[str] = list(self.runner.input_batch.req_ids)
         self._forget_stale(req_ids)
         t0 = time.perf_counter()
-        active: list[int] = []
-        for row, req_id in enumerate(req_ids):
-            if not sampled_token_ids[row]:
-                continue  # still prefilling: nothing sampled yet, nothing to draft from
-            if self._sync(req_id, token_ids_cpu[row, : int(num_tokens_no_spec[row])]):
-                active.append(row)
+        # Rows still prefilling have sampled nothing yet: nothing to draft from.
+        rows = [row for row in range(len(req_ids)) if sampled_token_ids[row]]
+        ready = self._sync([req_ids[r] for r in rows], [token_ids_cpu[r, : int(num_tokens_no_spec[r])] for r in rows])
+        active = [row for row, ok in zip(rows, ready) if ok]
         t1 = time.perf_counter()
         draft = self._draft([req_ids[r] for r in active])
         t2 = time.perf_counter()
@@ -149,8 +145,8 @@ class HeteroProposer:
                     full[row, : len(draft.ids[i])] = draft.q_rows[i]
             self._last_probs = full
         else:
-            for i, row in enumerate(active):
-                out[row] = self._to_target(req_ids[row], draft.ids[i])
+            for row, ids in zip(active, self._to_target([req_ids[r] for r in active], draft.ids)):
+                out[row] = ids
             if self.settings.algorithm == "dtw" and self.settings.dtw_verify == "faithful":
                 self._last_probs = self._dtw_probs(active, draft, out, len(req_ids))
         t3 = time.perf_counter()
@@ -173,29 +169,33 @@ class HeteroProposer:
         draft = AlignedTokens(self.bridge.draft_encoder, self.bridge.draft_prefix_ids, self.settings.lookbehind)
         return RequestState(bytearray(), 0, [], draft, self.runtime.new_cache(), gen)
 
-    def _sync(self, req_id: str, tokens: np.ndarray) -> bool:
-        """Append newly committed target tokens as text; realign the draft tokens.
-        Returns False when there is nothing to draft from yet (e.g. the text so far is
-        one incomplete UTF-8 character and the drafter adds no prefix token)."""
-        state = self.states.get(req_id)
-        if state is None or state.n_target > len(tokens):
-            state = self.states[req_id] = self._new_state(req_id)
-        new = tokens[state.n_target :].tolist()
-        enc = self.bridge.target_encoder
-        for tid in new:
-            state.text += enc.bytes_of(tid)
-        state.n_target = len(tokens)
-        state.target_tail = (state.target_tail + new)[-_TARGET_TAIL:]
-        before = state.draft.mismatches
-        kept = state.draft.sync(state.text)
-        self.stats.realign_mismatches += state.draft.mismatches - before
-        state.cache.truncate(kept)
-        if not state.draft.ids:
-            return False
-        if state.cache.length >= len(state.draft.ids):
-            # Everything is cached but we need logits at the last token: recompute it.
-            state.cache.truncate(len(state.draft.ids) - 1)
-        return True
+    def _sync(self, req_ids: list[str], tokens: list[np.ndarray]) -> list[bool]:
+        """Append newly committed target tokens as text and realign every request's
+        draft tokens (one batched re-tokenization). Per request, returns False when
+        there is nothing to draft from yet (e.g. the text so far is one incomplete
+        UTF-8 character and the drafter adds no prefix token)."""
+        states = []
+        for req_id, toks in zip(req_ids, tokens):
+            state = self.states.get(req_id)
+            if state is None or state.n_target > len(toks):
+                state = self.states[req_id] = self._new_state(req_id)
+            new = toks[state.n_target :].tolist()
+            state.text += b"".join(self.bridge.target_encoder.bytes_of(t) for t in new)
+            state.n_target = len(toks)
+            state.target_tail = (state.target_tail + new)[-_TARGET_TAIL:]
+            states.append(state)
+        before = sum(s.draft.mismatches for s in states)
+        kept = sync_batch([s.draft for s in states], [s.text for s in states])
+        self.stats.realign_mismatches += sum(s.draft.mismatches for s in states) - before
+        ready = []
+        for state, n_kept in zip(states, kept):
+            state.cache.truncate(n_kept)
+            n_ids = len(state.draft)
+            if n_ids and state.cache.length >= n_ids:
+                # Everything is cached but we need logits at the last token: recompute it.
+                state.cache.truncate(n_ids - 1)
+            ready.append(n_ids > 0)
+        return ready
 
     def _sampling_rows(self, req_ids: list[str]) -> SamplingRows:
         temps, top_k, top_p = [], [], []
@@ -228,7 +228,7 @@ class HeteroProposer:
         live = list(range(len(req_ids)))
         for step in range(n_steps):
             caches = [states[i].cache for i in live]
-            pending = [states[i].draft.ids[states[i].cache.length :] for i in live]
+            pending = [states[i].draft.ids[states[i].cache.length :].tolist() for i in live]
             logits = self.runtime.forward(caches, pending)
             sub = SamplingRows(
                 rows.temperature[live], rows.top_k[live], rows.top_p[live], [rows.generators[i] for i in live]
@@ -263,17 +263,21 @@ class HeteroProposer:
             return DraftOutput(mapped, token_q, [torch.stack(p) if p else torch.empty(0) for p in probs])
         return DraftOutput(drafts, token_q, [])
 
-    def _to_target(self, req_id: str, draft_ids: list[int]) -> list[int]:
-        """slem: re-tokenize the draft text with the target tokenizer."""
-        state = self.states[req_id]
+    def _to_target(self, req_ids: list[str], drafts: list[list[int]]) -> list[list[int]]:
+        """slem/dtw: re-tokenize each request's draft text with the target tokenizer
+        (one batched call); a draft ending in a special token ends in the target's EOS."""
         enc = self.bridge.draft_encoder
-        stop_special = draft_ids and draft_ids[-1] in self._draft_specials
-        body = draft_ids[:-1] if stop_special else draft_ids
-        text = b"".join(enc.bytes_of(t) for t in body)
-        out = propose_continuation(self.bridge.target_encoder, state.target_tail, text, self.k)
-        if stop_special and len(out) < self.k and self._target_eos is not None:
-            out.append(self._target_eos)
-        return out
+        texts, stops = [], []
+        for ids in drafts:
+            stop = bool(ids) and ids[-1] in self._draft_specials
+            texts.append(b"".join(enc.bytes_of(t) for t in (ids[:-1] if stop else ids)))
+            stops.append(stop)
+        tails = [self.states[r].target_tail for r in req_ids]
+        outs = propose_continuations(self.bridge.target_encoder, tails, texts, self.k)
+        for out, stop in zip(outs, stops):
+            if stop and len(out) < self.k and self._target_eos is not None:
+                out.append(self._target_eos)
+        return outs
 
     def _dtw_probs(self, active: list[int], draft: DraftOutput, proposals: list[list[int]], n_rows: int) -> torch.Tensor:
         """TokenTiming's transfer: align each request's draft tokens with its proxy
@@ -282,7 +286,7 @@ class HeteroProposer:
         full = torch.zeros(n_rows, self.k, self.target_vocab)
         bodies = [[t for t in draft.ids[i] if t not in self._draft_specials] for i in range(len(active))]
         proxies = [[t for t in proposals[row] if t != self._target_eos] for row in active]
-        results = dtw_align_batch(bodies, proxies, self._draft_packed, self._target_packed, self.settings.dtw_window)
+        results = dtw_align_batch(bodies, proxies, self.bridge.draft_encoder.packed, self.bridge.target_encoder.packed, self.settings.dtw_window)
         for i, row in enumerate(active):
             q = transfer_probs(results[i].path, draft.token_q[i], len(proposals[row]))
             for j, (tid, qj) in enumerate(zip(proposals[row], q)):
