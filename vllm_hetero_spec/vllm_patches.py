@@ -73,9 +73,10 @@ def _patch_engine_args() -> None:
 def _patch_model_runner() -> None:
     """Why: a ``custom_class`` proposer gets no request ids, cannot return draft
     probabilities and cannot choose the rejection sampler. After the runner is built we
-    hand our proposer the runner, install our rejection sampler, forward its draft
-    probabilities into the slot vLLM's own probabilistic drafters use, and tell it when
-    requests finish, abort or are preempted."""
+    hand our proposer the runner, install our rejection sampler (wired to the proposer's
+    per-request verification plan: union's forced rejections, fsd's thresholds), forward
+    its draft probabilities into the slot vLLM's own probabilistic drafters use, and tell
+    it when requests finish, abort or are preempted."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_hetero_spec.proposer import HeteroProposer
@@ -89,7 +90,9 @@ def _patch_model_runner() -> None:
         drafter = getattr(self, "drafter", None)
         if isinstance(drafter, HeteroProposer):
             drafter.attach_runner(self)
-            self.rejection_sampler = HeteroRejectionSampler(self.sampler, self.speculative_config, self.device)
+            self.rejection_sampler = HeteroRejectionSampler(
+                self.sampler, self.speculative_config, self.device, verify_inputs=drafter.verify_inputs
+            )
 
     propose = GPUModelRunner.propose_draft_token_ids
 
