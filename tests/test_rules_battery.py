@@ -42,6 +42,16 @@ DISJOINT_DRAFT = ["ab", "bc", "ca", "abc", "dd", "ee", None]
 DISJOINT_TARGET = ["a", "b", "c", "d", "e", "bb"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The tensors here are small ([N, <= 10]): intra-op threads only add overhead, and
+    much of it on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @dataclass(frozen=True)
 class Sampling:
     temperature: float = 1.0
