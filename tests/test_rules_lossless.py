@@ -12,6 +12,8 @@ from scipy.stats import chisquare
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
 from vllm_hetero_spec.verify.rules import PLACEHOLDER, accepted_lengths, verify_block
 
+from _stats import assert_follows
+
 N = 200_000
 
 
@@ -35,15 +37,6 @@ def _run(p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor, k: int = 
     return out
 
 
-def _assert_follows(tokens: torch.Tensor, p: torch.Tensor, alpha: float = 1e-4) -> None:
-    counts = torch.bincount(tokens, minlength=p.shape[0]).double()
-    support = p > 0
-    assert counts[~support].sum() == 0, "emitted a token the target gives probability 0"
-    expected = p[support].double() / p[support].double().sum() * counts.sum()
-    stat = chisquare(counts[support].numpy(), expected.numpy())
-    assert stat.pvalue > alpha, f"distribution differs from target (p={stat.pvalue:.2e})"
-
-
 @pytest.mark.parametrize("case", ["overlap", "disjoint_support", "draft_outside_target", "zeros"])
 def test_standard_rule_first_token_follows_target(case: str) -> None:
     v = 12
@@ -61,7 +54,7 @@ def test_standard_rule_first_token_follows_target(case: str) -> None:
     p, q = p / p.sum(), q / q.sum()
     draft = torch.multinomial(q, N, replacement=True)
     out = _run(p, q, draft)
-    _assert_follows(out[:, 0], p)
+    assert_follows(out[:, 0], p)
 
 
 def test_onehot_rule_first_token_follows_target() -> None:
@@ -70,7 +63,7 @@ def test_onehot_rule_first_token_follows_target() -> None:
     p = torch.softmax(torch.randn(v, generator=torch.Generator().manual_seed(2)), 0)
     draft = torch.randint(0, v, (N,))  # proposal law unrelated to p
     out = _run(p, None, draft)
-    _assert_follows(out[:, 0], p)
+    assert_follows(out[:, 0], p)
 
 
 def test_broken_rule_is_detected() -> None:
@@ -99,7 +92,7 @@ def test_whole_block_follows_target_chain() -> None:
     assert int(n_emitted.min()) >= 1
     for pos in range(k + 1):
         col = out[:, pos]
-        _assert_follows(col[col != PLACEHOLDER], p)
+        assert_follows(col[col != PLACEHOLDER], p)
 
 
 def test_greedy_rows_accept_by_argmax() -> None:
@@ -127,8 +120,8 @@ def test_tli_drafting_q_is_the_sampling_law_with_topk_topp_and_temperature() -> 
     assert torch.allclose(q[0], q[-1])
     assert (q[0][~allowed] == 0).all() and int((q[0] > 0).sum()) <= 6
     drawn = sample(q, rows)
-    _assert_follows(drawn, q[0])
+    assert_follows(drawn, q[0])
     # And the full TLI chain is lossless against a target over the same vocabulary.
     p = torch.softmax(torch.randn(v, generator=torch.Generator().manual_seed(6)) / 0.7, 0)
     out = _run(p, q[0], drawn)
-    _assert_follows(out[:, 0], p)
+    assert_follows(out[:, 0], p)

@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES
+
 METHOD = "hetero"
 ADDITIONAL_CONFIG_KEY = "hetero_spec"
 PROPOSER_CLASS = "vllm_hetero_spec.proposer.HeteroProposer"
-ALGORITHMS = ("slem", "tli", "dtw")
+ALGORITHMS = ("slem", "tli", "dtw", "union", "fsd")
 DTW_VERIFY = ("lossless", "faithful")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -37,8 +41,10 @@ class HeteroSettings:
     """Everything the proposer and sampler need, after validation.
 
     Attributes:
-        algorithm: ``slem`` (string-level exact match) or ``tli`` (token-level
-            intersection with probabilistic drafting).
+        algorithm: one of :data:`ALGORITHMS`: ``slem`` (string-level exact match),
+            ``tli`` (token-level intersection with probabilistic drafting), ``dtw``
+            (TokenTiming), ``union`` (the union-of-vocabularies baseline) or ``fsd``
+            (fuzzy speculative decoding, lossy by design).
         draft_model: resolved path of the draft model folder.
         draft_tokenizer: path of the draft tokenizer (defaults to the model's).
         num_speculative_tokens: k, the most target tokens proposed per step.
@@ -55,6 +61,11 @@ class HeteroSettings:
         dtw_window: Sakoe-Chiba band of the ``dtw`` alignment (0 = no band).
         dtw_verify: ``lossless`` (one-hot proposals: exact) or ``faithful`` (the
             TokenTiming paper's transferred probabilities: approximately lossless).
+        fsd_threshold: ``fsd``: tau, in nats (``tv``: a probability); a draft position
+            with D(p, q) <= tau is accepted outright. 0 = lossless verification. A request
+            overrides it with ``SamplingParams(extra_args={"fsd_threshold": x})``.
+        fsd_divergence: ``fsd``: D, one of ``verify.divergence.DIVERGENCE_NAMES``.
+        fsd_topk: ``fsd``: k of the ``*_topk`` divergences.
     """
 
     algorithm: str
@@ -68,6 +79,9 @@ class HeteroSettings:
     draft_stop_prob: float = 0.0
     dtw_window: int = 8
     dtw_verify: str = "lossless"
+    fsd_threshold: float = 0.1
+    fsd_divergence: str = "js"
+    fsd_topk: int = 10
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -79,8 +93,37 @@ class HeteroSettings:
 
 HETERO_KEYS = (
     "algorithm", "draft_tokenizer", "max_draft_tokens", "lookbehind", "draft_dtype", "min_shared_tokens",
-    "draft_stop_prob", "dtw_window", "dtw_verify",
+    "draft_stop_prob", "dtw_window", "dtw_verify", "fsd_threshold", "fsd_divergence", "fsd_topk",
 )
+FSD_THRESHOLD_ARG = "fsd_threshold"
+
+
+def _is_threshold(value: Any) -> bool:
+    """A finite number >= 0 (JSON and extra_args give ints or floats; bools are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        number = float(value)
+    except OverflowError:
+        return False
+    return math.isfinite(number) and number >= 0
+
+
+def request_fsd_threshold(extra_args: Mapping[str, Any] | None, default: float) -> float:
+    """A request's fsd tau: ``SamplingParams.extra_args["fsd_threshold"]`` or ``default``.
+
+    Raises ``ValueError`` naming the argument for anything but a finite number >= 0,
+    the error type vLLM's request validation turns into HTTP 400.
+    """
+    if not extra_args or FSD_THRESHOLD_ARG not in extra_args:
+        return default
+    value = extra_args[FSD_THRESHOLD_ARG]
+    if not _is_threshold(value):
+        raise ValueError(
+            f"extra_args['{FSD_THRESHOLD_ARG}'] must be a finite number >= 0, got {value!r}; "
+            "e.g. 0.1, or 0 for lossless verification"
+        )
+    return float(value)
 
 
 def load_spec_dict(spec: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
@@ -152,6 +195,17 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
     stop_prob = spec.pop("draft_stop_prob", 0.0)
     if isinstance(stop_prob, bool) or not isinstance(stop_prob, (int, float)) or not 0.0 <= stop_prob < 1.0:
         raise HeteroConfigError(f"'draft_stop_prob' must be a number in [0, 1), got {stop_prob!r}; e.g. 0.3, or 0 to disable")
+    fsd_threshold = spec.pop("fsd_threshold", 0.1)
+    if not _is_threshold(fsd_threshold):
+        raise HeteroConfigError(
+            f"'fsd_threshold' must be a finite number >= 0, got {fsd_threshold!r}; set it to e.g. 0.1 "
+            "(0 makes fsd verify losslessly)"
+        )
+    fsd_divergence = spec.pop("fsd_divergence", "js")
+    if fsd_divergence not in DIVERGENCE_NAMES:
+        raise HeteroConfigError(
+            f"'fsd_divergence' = {fsd_divergence!r} is not supported; choose one of {list(DIVERGENCE_NAMES)}"
+        )
     settings = HeteroSettings(
         algorithm=algorithm,
         draft_model=draft_model,
@@ -164,8 +218,11 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
         draft_stop_prob=float(stop_prob),
         dtw_window=_int(spec, "dtw_window", 8, 0),
         dtw_verify=dtw_verify,
+        fsd_threshold=float(fsd_threshold),
+        fsd_divergence=fsd_divergence,
+        fsd_topk=_int(spec, "fsd_topk", 10, 1),
     )
-    for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens", "dtw_window"):
+    for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens", "dtw_window", "fsd_topk"):
         spec.pop(key, None)
     spec.pop("method")
     vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS, **spec}

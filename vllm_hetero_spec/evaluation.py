@@ -120,6 +120,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     }
     drafter = _find_drafter(llm)
     stats = getattr(drafter, "stats", None)
+    if stats is not None:
+        result["fallbacks"] = stats.fallbacks
     if stats is not None and stats.steps:
         result["bridge_ms_per_step"] = 1e3 * stats.bridge_s / stats.steps
         result["draft_ms_per_step"] = 1e3 * stats.draft_s / stats.steps

@@ -4,14 +4,18 @@ vLLM calls :meth:`HeteroProposer.propose` after each verification step with the 
 its persistent batch. For every row we (1) feed the newly committed target tokens to the
 request's draft-side tokenization as text (look-behind realignment, KV rollback),
 (2) run the drafter for all requests at once, and (3) hand back target-vocabulary
-proposals -- re-tokenized draft text for ``slem``, intersection-mapped ids with their
-exact draft distribution for ``tli``.
+proposals -- re-tokenized draft text for ``slem`` and ``dtw``, intersection-mapped ids
+with their exact draft distribution for the token-level algorithms (``tli``, ``fsd``,
+``union``). What verification needs beyond vLLM's draft-probability slot (``union``'s
+forced rejections, ``fsd``'s per-request threshold) is kept as a :class:`VerifyPlan`
+that the rejection sampler collects through :meth:`HeteroProposer.verify_inputs`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,11 +24,15 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 
 from vllm_hetero_spec.alignment import dtw_align_batch
-from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
+from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings, request_fsd_threshold
 from vllm_hetero_spec.dtw import transfer_probs
 from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
+from vllm_hetero_spec.drafter.token_level import RESTRICTED, TOKEN_LEVEL, draft_step
+from vllm_hetero_spec.metrics import MetricsBoard
+from vllm_hetero_spec.verify.plan import VerifyPlan
+from vllm_hetero_spec.verify.rules import FuzzyAcceptance
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.retokenize import AlignedTokens, propose_continuations, sync_batch
 
@@ -43,6 +51,7 @@ class RequestState:
     draft: AlignedTokens
     cache: RequestKVCache
     generator: torch.Generator | None
+    fsd_threshold: float
 
 
 @dataclass
@@ -52,6 +61,7 @@ class DraftOutput:
     ids: list[list[int]]
     token_q: list[list[float]]
     q_rows: list[torch.Tensor]
+    absent: list[list[bool]]
 
 
 @dataclass
@@ -63,6 +73,20 @@ class ProposerStats:
     draft_s: float = 0.0
     proposed: int = 0
     realign_mismatches: int = 0
+    fallbacks: int = 0
+    undrafted: int = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        """The counters under their ``hetero:*`` metric names (see ``metrics.COUNTERS``)."""
+        return {
+            "steps": self.steps,
+            "bridge_seconds": self.bridge_s,
+            "draft_seconds": self.draft_s,
+            "proposed_tokens": self.proposed,
+            "realign_mismatches": self.realign_mismatches,
+            "fallbacks": self.fallbacks,
+            "undrafted_requests": self.undrafted,
+        }
 
 
 class HeteroProposer:
@@ -86,8 +110,17 @@ class HeteroProposer:
         self.target_vocab = target_vocab
         self.states: dict[str, RequestState] = {}
         self.stats = ProposerStats()
+        self.board = MetricsBoard(
+            {
+                "algorithm": self.settings.algorithm,
+                "draft": Path(self.settings.draft_model).name,
+                "target": Path(str(vllm_config.model_config.model)).name,
+                "k": str(self.k),
+            }
+        )
         self.runner: Any = None
         self._last_probs: torch.Tensor | None = None
+        self._plan: VerifyPlan | None = None
         self._draft_specials = {
             tid for tid, b in enumerate(self.bridge.draft_encoder.token_bytes) if b is None
         } | set(self.bridge.draft_tokenizer.all_special_ids)
@@ -111,11 +144,24 @@ class HeteroProposer:
 
     def drop_request(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
-        self.states.pop(req_id, None)
+        if self.states.pop(req_id, None) is not None:
+            self.board.set("request_states", len(self.states))
 
     def take_last_draft_probs(self) -> torch.Tensor | None:
         probs, self._last_probs = self._last_probs, None
         return probs
+
+    def verify_inputs(self, b: int, k: int) -> tuple[torch.Tensor | None, FuzzyAcceptance | None]:
+        """The last proposal step's forced rejections and fuzzy test, laid out for the
+        ``b`` rows being verified (the runner's batch order at verification). Called by
+        the rejection sampler once per verification; the plan is used once."""
+        plan, self._plan = self._plan, None
+        if plan is None:
+            return None, None
+        req_ids = list(self.runner.input_batch.req_ids)
+        if len(req_ids) != b:
+            raise RuntimeError(f"hetero spec: verifying {b} rows but the batch holds {len(req_ids)} requests")
+        return plan.block(req_ids, k)
 
     # -- per-step work ----------------------------------------------------------------
 
@@ -126,24 +172,62 @@ class HeteroProposer:
         token_ids_cpu: np.ndarray,
         slot_mappings: Any = None,
     ) -> list[list[int]]:
+        """Drafts per row of the batch. Never raises: an exception here would kill the
+        engine (and every request on it), while a step without drafts is always correct.
+        So a failure is logged and counted, the draft state (possibly inconsistent) is
+        dropped and rebuilt from the target's tokens, and this step runs undrafted."""
+        try:
+            out = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        except Exception:
+            logger.exception("hetero spec: drafting failed; this step runs without drafts")
+            self.stats.fallbacks += 1
+            self.states.clear()
+            self._last_probs, self._plan = None, None
+            out = [[] for _ in sampled_token_ids]
+        self._publish()
+        return out
+
+    def _publish(self) -> None:
+        """Copy the counters and the state size to the metrics board (memory writes)."""
+        board, stats = self.board, self.stats
+        for name, value in stats.as_metrics().items():
+            board.set(name, value)
+        board.set("request_states", len(self.states))
+        board.set(
+            "draft_state_bytes",
+            sum(s.cache.nbytes + s.draft.nbytes + len(s.text) for s in self.states.values()),
+        )
+
+    def _propose(
+        self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
+    ) -> list[list[int]]:
         req_ids: list[str] = list(self.runner.input_batch.req_ids)
+        self._plan = None
         self._forget_stale(req_ids)
         t0 = time.perf_counter()
         # Rows still prefilling have sampled nothing yet: nothing to draft from.
         rows = [row for row in range(len(req_ids)) if sampled_token_ids[row]]
         ready = self._sync([req_ids[r] for r in rows], [token_ids_cpu[r, : int(num_tokens_no_spec[r])] for r in rows])
         active = [row for row, ok in zip(rows, ready) if ok]
+        self.stats.undrafted += len(rows) - len(active)
         t1 = time.perf_counter()
         draft = self._draft([req_ids[r] for r in active])
         t2 = time.perf_counter()
         out: list[list[int]] = [[] for _ in req_ids]
-        if self.settings.algorithm == "tli":
+        if self.settings.algorithm in TOKEN_LEVEL:
             full = torch.zeros(len(req_ids), self.k, self.target_vocab)
+            plan = self._new_plan()
             for i, row in enumerate(active):
+                req_id = req_ids[row]
                 out[row] = draft.ids[i]
                 if draft.ids[i]:
                     full[row, : len(draft.ids[i])] = draft.q_rows[i]
+                if any(draft.absent[i]):
+                    plan.force_reject[req_id] = draft.absent[i]
+                if plan.fsd_threshold is not None:
+                    plan.fsd_threshold[req_id] = self.states[req_id].fsd_threshold
             self._last_probs = full
+            self._plan = plan
         else:
             for row, ids in zip(active, self._to_target([req_ids[r] for r in active], draft.ids)):
                 out[row] = ids
@@ -156,6 +240,10 @@ class HeteroProposer:
         self.stats.proposed += sum(len(o) for o in out)
         return out
 
+    def _new_plan(self) -> VerifyPlan:
+        fsd = self.settings.algorithm == "fsd"
+        return VerifyPlan({}, {} if fsd else None, self.settings.fsd_divergence, self.settings.fsd_topk)
+
     def _forget_stale(self, live: list[str]) -> None:
         known = set(self.runner.requests) if self.runner is not None else set(live)
         for req_id in [r for r in self.states if r not in known]:
@@ -166,8 +254,16 @@ class HeteroProposer:
         gen = None
         if params is not None and params.seed is not None:
             gen = torch.Generator().manual_seed(int(params.seed) + 0x5EED)
+        tau = self.settings.fsd_threshold
+        if self.settings.algorithm == "fsd" and params is not None:
+            try:
+                tau = request_fsd_threshold(params.extra_args, tau)
+            except ValueError as err:
+                # The front end rejects bad values (validation.py); a request that
+                # bypassed it must not take the engine down: keep the configured tau.
+                logger.warning("request %s: %s; using fsd_threshold=%s", req_id, err, tau)
         draft = AlignedTokens(self.bridge.draft_encoder, self.bridge.draft_prefix_ids, self.settings.lookbehind)
-        return RequestState(bytearray(), 0, [], draft, self.runtime.new_cache(), gen)
+        return RequestState(bytearray(), 0, [], draft, self.runtime.new_cache(), gen, tau)
 
     def _sync(self, req_ids: list[str], tokens: list[np.ndarray]) -> list[bool]:
         """Append newly committed target tokens as text and realign every request's
@@ -211,34 +307,41 @@ class HeteroProposer:
             [self.states[r].generator for r in req_ids],
         )
 
-    def _draft(self, req_ids: list[str]) -> "DraftOutput":
+    def _draft(self, req_ids: list[str]) -> DraftOutput:
         """Run the packed draft loop: per request the proposals (draft ids for slem and
-        dtw, target ids for tli), each token's probability under the distribution it was
-        sampled from, and for tli the full ``[n, target_vocab]`` q rows."""
-        n_steps = self.k if self.settings.algorithm == "tli" else self.settings.max_draft_tokens
+        dtw, target ids for the token-level algorithms), each token's probability under
+        the distribution it was sampled from, and for the token-level algorithms the full
+        ``[n, target_vocab]`` q rows and which proposals the target lacks (union)."""
+        algorithm = self.settings.algorithm
+        token_level = algorithm in TOKEN_LEVEL
+        n_steps = self.k if token_level else self.settings.max_draft_tokens
         drafts: list[list[int]] = [[] for _ in req_ids]
+        proposals: list[list[int]] = [[] for _ in req_ids]
+        absent: list[list[bool]] = [[] for _ in req_ids]
         token_q: list[list[float]] = [[] for _ in req_ids]
         probs: list[list[torch.Tensor]] = [[] for _ in req_ids]
         if not req_ids:
-            return DraftOutput(drafts, token_q, [])
+            return DraftOutput(drafts, token_q, [], absent)
         states = [self.states[r] for r in req_ids]
         rows = self._sampling_rows(req_ids)
         inter = self.bridge.intersection
-        allowed = inter.draft_mask if self.settings.algorithm == "tli" else None
         live = list(range(len(req_ids)))
         for step in range(n_steps):
             caches = [states[i].cache for i in live]
             pending = [states[i].draft.ids[states[i].cache.length :].tolist() for i in live]
-            logits = self.runtime.forward(caches, pending)
+            logits = self.runtime.forward(caches, pending)[:, : inter.draft_to_target.numel()]
             sub = SamplingRows(
                 rows.temperature[live], rows.top_k[live], rows.top_p[live], [rows.generators[i] for i in live]
             )
-            q = processed_probs(logits[:, : inter.draft_to_target.numel()], sub, allowed)
-            sampled = sample(q, sub)
+            if token_level:
+                mapped = draft_step(logits, sub, inter, algorithm)
+                q, sampled = mapped.q, mapped.ids
+                target_ids, is_absent = mapped.target_ids.tolist(), mapped.absent.tolist()
+            else:
+                q = processed_probs(logits, sub)
+                sampled = sample(q, sub)
             # Confidence from the untempered draft distribution (q is one-hot when greedy).
-            raw = logits[:, : inter.draft_to_target.numel()]
-            if allowed is not None:
-                raw = raw.masked_fill(~allowed, float("-inf"))
+            raw = logits.masked_fill(~inter.draft_mask, float("-inf")) if algorithm in RESTRICTED else logits
             confidence = raw.softmax(dim=-1).gather(1, sampled.unsqueeze(1)).squeeze(1).tolist()
             tokens = sampled.tolist()
             sampled_q = q.gather(1, sampled.unsqueeze(1)).squeeze(1).tolist()
@@ -247,8 +350,12 @@ class HeteroProposer:
                 tok = tokens[j]
                 drafts[i].append(tok)
                 token_q[i].append(sampled_q[j])
-                if allowed is not None:
-                    probs[i].append(inter.to_target_probs(q[j]))
+                if token_level:
+                    proposals[i].append(target_ids[j])
+                    absent[i].append(is_absent[j])
+                    probs[i].append(mapped.target_q[j])
+                    if is_absent[j]:
+                        continue  # union: rejected for sure, so nothing after it can be accepted
                 if tok in self._draft_specials:
                     continue
                 states[i].draft.append_drafted(tok)
@@ -258,10 +365,9 @@ class HeteroProposer:
             live = still
             if not live or step == n_steps - 1:
                 break
-        if allowed is not None:
-            mapped = [inter.draft_to_target[d].tolist() if d else [] for d in drafts]
-            return DraftOutput(mapped, token_q, [torch.stack(p) if p else torch.empty(0) for p in probs])
-        return DraftOutput(drafts, token_q, [])
+        if token_level:
+            return DraftOutput(proposals, token_q, [torch.stack(p) if p else torch.empty(0) for p in probs], absent)
+        return DraftOutput(drafts, token_q, [], absent)
 
     def _to_target(self, req_ids: list[str], drafts: list[list[int]]) -> list[list[int]]:
         """slem/dtw: re-tokenize each request's draft text with the target tokenizer

@@ -7,6 +7,7 @@ misbehaving; when vLLM changes, this is the one file to edit.
 
 from __future__ import annotations
 
+import argparse
 import functools
 from typing import Any
 
@@ -73,9 +74,10 @@ def _patch_engine_args() -> None:
 def _patch_model_runner() -> None:
     """Why: a ``custom_class`` proposer gets no request ids, cannot return draft
     probabilities and cannot choose the rejection sampler. After the runner is built we
-    hand our proposer the runner, install our rejection sampler, forward its draft
-    probabilities into the slot vLLM's own probabilistic drafters use, and tell it when
-    requests finish, abort or are preempted."""
+    hand our proposer the runner, install our rejection sampler (wired to the proposer's
+    per-request verification plan: union's forced rejections, fsd's thresholds), forward
+    its draft probabilities into the slot vLLM's own probabilistic drafters use, and tell
+    it when requests finish, abort or are preempted."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_hetero_spec.proposer import HeteroProposer
@@ -89,7 +91,9 @@ def _patch_model_runner() -> None:
         drafter = getattr(self, "drafter", None)
         if isinstance(drafter, HeteroProposer):
             drafter.attach_runner(self)
-            self.rejection_sampler = HeteroRejectionSampler(self.sampler, self.speculative_config, self.device)
+            self.rejection_sampler = HeteroRejectionSampler(
+                self.sampler, self.speculative_config, self.device, verify_inputs=drafter.verify_inputs
+            )
 
     propose = GPUModelRunner.propose_draft_token_ids
 
@@ -129,6 +133,102 @@ def _patch_model_runner() -> None:
     GPUModelRunner._update_states = _update_states
 
 
+def spec_config_arg(value: str) -> dict[str, Any] | None:
+    """``--speculative-config`` value: inline JSON or a JSON file's path. A hetero config's
+    own keys are checked here too, so ``vllm serve`` stops at argument parsing with the
+    key and the fix instead of a traceback after loading the target."""
+    from vllm_hetero_spec.config import HeteroConfigError, is_hetero, load_spec_dict, parse_settings
+
+    if value in ("", "None"):
+        return None
+    try:
+        spec = load_spec_dict(value)
+        if is_hetero(spec):
+            parse_settings(spec)
+    except HeteroConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    return spec
+
+
+def _patch_cli_args() -> None:
+    """Why: vLLM 0.32's ``--speculative-config`` parses its value with ``json.loads`` only
+    (``engine/arg_utils.py``), so ``vllm serve --speculative-config hetero.json`` is
+    refused. After vLLM builds its parser we give that one option our parser (JSON or a
+    file path). Plugins load before ``EngineArgs.add_cli_args`` runs, and vLLM looks the
+    method up at call time, so wrapping it reaches ``vllm serve`` and ``vllm bench``."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.add_cli_args
+
+    @functools.wraps(original)
+    def add_cli_args(parser: Any, *args: Any, **kwargs: Any) -> Any:
+        parser = original(parser, *args, **kwargs)
+        for action in parser._actions:
+            if action.dest == "speculative_config":
+                action.type = spec_config_arg
+        return parser
+
+    EngineArgs.add_cli_args = staticmethod(add_cli_args)
+
+
+def _patch_request_validation() -> None:
+    """Why: per-request settings (``vllm_xargs`` / ``extra_args``) are only read inside the
+    engine, where an exception kills it. vLLM has no validation hook for extra args, so we
+    check ours where the OpenAI server builds ``SamplingParams`` (an error there is a
+    clean HTTP 400, streaming included) and, for ``LLM`` and any other entry point, in
+    ``InputProcessor._validate_params`` (raised to the caller before the engine sees it)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from vllm_hetero_spec.request_validation import check_extra_args
+
+    for request_cls in (ChatCompletionRequest, CompletionRequest):
+        to_params = request_cls.to_sampling_params
+
+        @functools.wraps(to_params)
+        def to_sampling_params(self: Any, *args: Any, _to_params: Any = to_params, **kwargs: Any) -> Any:
+            params = _to_params(self, *args, **kwargs)
+            check_extra_args(params.extra_args)
+            return params
+
+        request_cls.to_sampling_params = to_sampling_params
+
+    validate = InputProcessor._validate_params
+
+    @functools.wraps(validate)
+    def _validate_params(self: InputProcessor, params: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(params, SamplingParams):
+            check_extra_args(params.extra_args)
+        return validate(self, params, *args, **kwargs)
+
+    InputProcessor._validate_params = _validate_params
+
+
+def _patch_metrics_registry() -> None:
+    """Why: our ``hetero:*`` collector sits in prometheus_client's default registry, but
+    when ``PROMETHEUS_MULTIPROC_DIR`` is set (by the user, or by vLLM for several API
+    servers) vLLM serves ``/metrics`` from a fresh registry instead; add it there too."""
+    from vllm.entrypoints.serve.instrumentator import metrics as serve_metrics
+
+    from vllm_hetero_spec.metrics import register_collector
+
+    collector = register_collector()
+    original = serve_metrics.get_prometheus_registry
+
+    @functools.wraps(original)
+    def get_prometheus_registry() -> Any:
+        from prometheus_client import REGISTRY
+
+        registry = original()
+        if registry is not REGISTRY:
+            registry.register(collector)
+        return registry
+
+    serve_metrics.get_prometheus_registry = get_prometheus_registry
+
+
 def apply() -> None:
     """Apply all patches once per process (vLLM may load plugins several times)."""
     global _applied
@@ -140,4 +240,7 @@ def apply() -> None:
     _patch_expand_kernel()
     _patch_engine_args()
     _patch_model_runner()
+    _patch_cli_args()
+    _patch_request_validation()
+    _patch_metrics_registry()
     _applied = True

@@ -4,19 +4,27 @@ It keeps vLLM's own handling of everything around verification (bonus sampling, 
 processors, penalties, temperature/top-k/top-p, logprobs) and swaps the acceptance step
 for :func:`verify_block`, a pure-PyTorch rule that is identical on every platform. This
 also sidesteps the CPU build's broken ``expand`` kernel path for the acceptance itself.
+``union``'s forced rejections and ``fsd``'s fuzzy test come from the proposer through
+``verify_inputs`` (see ``verify/plan.py``), laid out for the batch being verified.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
+from vllm.config import SpeculativeConfig
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE, RejectionSampler, apply_sampling_constraints
+from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
-from vllm_hetero_spec.verify.rules import verify_block
+from vllm_hetero_spec.verify.rules import FuzzyAcceptance, verify_block
+
+# (rows B, block length K) -> ([B, K] forced rejections or None, fuzzy test or None)
+VerifyInputs = Callable[[int, int], tuple[torch.Tensor | None, FuzzyAcceptance | None]]
 
 
 def _padded_index(num_draft: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,7 +38,21 @@ def _padded_index(num_draft: list[int], k: int) -> tuple[torch.Tensor, torch.Ten
 
 
 class HeteroRejectionSampler(RejectionSampler):
-    """vLLM ``RejectionSampler`` whose acceptance step is :func:`verify_block`."""
+    """vLLM ``RejectionSampler`` whose acceptance step is :func:`verify_block`.
+
+    ``verify_inputs`` (the proposer's) is called once per verification and yields the
+    step's forced rejections and fuzzy test; ``None`` means neither is ever used.
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        spec_config: SpeculativeConfig | None = None,
+        device: torch.device | None = None,
+        verify_inputs: VerifyInputs | None = None,
+    ) -> None:
+        super().__init__(sampler, spec_config, device)
+        self.verify_inputs = verify_inputs
 
     def forward(
         self,
@@ -71,7 +93,14 @@ class HeteroRejectionSampler(RejectionSampler):
                 uniform[row].uniform_(generator=gen)
                 noise[row].exponential_(generator=gen)
 
-        out = verify_block(draft_ids, counts, target_probs, draft_block, bonus_ids, greedy, uniform, noise)
+        force_reject = fuzzy = None
+        # Without draft probabilities (vLLM matched none to some request) verification
+        # is one-hot, which is lossless for any proposal, union's placeholders included.
+        if draft_block is not None and self.verify_inputs is not None:
+            force_reject, fuzzy = self.verify_inputs(b, k)
+        out = verify_block(
+            draft_ids, counts, target_probs, draft_block, bonus_ids, greedy, uniform, noise, force_reject, fuzzy
+        )
         output_token_ids = out.to(torch.int32).to(logits.device)
 
         logprobs_tensors = None

@@ -2,7 +2,8 @@
 
 Two tokens are "the same" when they stand for the same bytes. A draft token whose bytes
 are also one target token can be proposed to the target directly; every other draft
-token is masked out before the drafter samples (the TLI paper's Algorithm 2).
+token is masked out before the drafter samples (the TLI paper's Algorithm 2), or, for the
+union baseline, proposed and rejected.
 """
 
 from __future__ import annotations
@@ -55,11 +56,14 @@ class VocabIntersection:
         return cls(d2t, mask, shared_draft, d2t[shared_draft], len(target_bytes))
 
     def to_target_probs(self, draft_probs: torch.Tensor) -> torch.Tensor:
-        """Carry ``[..., draft_vocab]`` probabilities onto ``[..., target_vocab]``.
+        """Carry ``[..., draft_vocab]`` probabilities onto ``[..., target_vocab]``: the
+        probability of proposing each target token.
 
-        Only meaningful for distributions already restricted to the intersection; any mass
-        on non-shared draft ids is dropped, which is why the drafter masks first.
+        Mass on non-shared draft ids is dropped, not renormalized: for a distribution
+        restricted to the intersection (tli) nothing is lost; for an unrestricted one
+        (union) the result is the draft mass on target-representable tokens, which is
+        the q that union's verification needs. Draft ids with the same bytes (rare
+        duplicated added tokens) map to one target id and their mass adds up.
         """
         out = draft_probs.new_zeros(*draft_probs.shape[:-1], self.target_vocab_size)
-        out[..., self.shared_target_ids] = draft_probs[..., self.shared_draft_ids]
-        return out
+        return out.index_add_(-1, self.shared_target_ids, draft_probs[..., self.shared_draft_ids])

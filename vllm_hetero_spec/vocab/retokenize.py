@@ -98,6 +98,11 @@ class AlignedTokens:
     def ends(self) -> np.ndarray:
         return self._ends[: self.n]
 
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the id and byte-offset arrays (for the state-size metric)."""
+        return self._ids.nbytes + self._ends.nbytes
+
     def __len__(self) -> int:
         return self.n
 

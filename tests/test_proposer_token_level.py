@@ -1,0 +1,144 @@
+"""The proposer's side of union and fsd, on the real SmolLM2 -> Qwen tokenizer pair.
+
+The draft model is replaced by a scripted one (each draft step puts all the mass on one
+chosen draft token), so the test needs no weights and no vLLM engine, yet runs the
+proposer's own sync, drafting loop, proposal mapping and verification plan.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+from vllm import SamplingParams
+
+from vllm_hetero_spec import proposer as proposer_module
+from vllm_hetero_spec.config import HeteroSettings
+from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
+from vllm_hetero_spec.drafter.token_level import ABSENT_PLACEHOLDER
+from vllm_hetero_spec.vocab.bridge import VocabBridge
+
+K = 4
+
+
+class ScriptedRuntime:
+    """Stands in for ``DraftModelRuntime``: draft step i always samples ``script[i]``."""
+
+    script: list[int] = []
+
+    def __init__(self, model_path: str, dtype: torch.dtype) -> None:
+        self.vocab_size = 49152
+        self.calls = 0
+
+    def new_cache(self) -> RequestKVCache:
+        return RequestKVCache(1, 1, 1, torch.float32)
+
+    def forward(self, caches: list[RequestKVCache], new_tokens: list[list[int]]) -> torch.Tensor:
+        for cache, toks in zip(caches, new_tokens):
+            cache.advance(len(toks))
+        logits = torch.zeros(len(caches), self.vocab_size)
+        logits[:, self.script[min(self.calls, len(self.script) - 1)]] = 60.0
+        self.calls += 1
+        return logits
+
+
+@pytest.fixture(scope="module")
+def bridge(smollm2: str, qwen05: str) -> VocabBridge:
+    return VocabBridge.build(smollm2, qwen05, 49152, 151936)
+
+
+def _proposer(monkeypatch, bridge: VocabBridge, smollm2: str, qwen05: str, algorithm: str, script: list[int]):
+    monkeypatch.setattr(proposer_module, "DraftModelRuntime", ScriptedRuntime)
+    monkeypatch.setattr(proposer_module.VocabBridge, "build", lambda *a: bridge)
+    ScriptedRuntime.script = script
+    settings = HeteroSettings(algorithm, smollm2, smollm2, K, K, fsd_threshold=0.05)
+    config = SimpleNamespace(
+        additional_config={"hetero_spec": settings.to_dict()},
+        model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05),
+    )
+    return proposer_module.HeteroProposer(config)
+
+
+def _attach(prop, requests: dict[str, SamplingParams], order: list[str]) -> None:
+    prop.attach_runner(SimpleNamespace(
+        input_batch=SimpleNamespace(req_ids=order),
+        requests={r: SimpleNamespace(sampling_params=p) for r, p in requests.items()},
+    ))
+
+
+def _propose(prop, qwen05: str, n_reqs: int) -> list[list[int]]:
+    prompt = AutoTokenizer.from_pretrained(qwen05).encode("The quick brown fox jumps over the")
+    tokens = np.array([prompt] * n_reqs)
+    out = prop.propose([[prompt[-1]]] * n_reqs, np.array([len(prompt)] * n_reqs), tokens)
+    assert prop.stats.fallbacks == 0, "propose() failed internally (see the logged traceback)"
+    return out
+
+
+def _ids(bridge: VocabBridge) -> tuple[int, int, int]:
+    """Two shared draft ids and one ordinary (not special) draft token whose text the
+    target has no single token for (an ordinary BPE token, past the added ones)."""
+    inter = bridge.intersection
+    shared = inter.shared_draft_ids.tolist()
+    specials = set(bridge.draft_tokenizer.all_special_ids)
+    absent = next(
+        d for d, b in enumerate(bridge.draft_encoder.token_bytes)
+        if b and inter.draft_to_target[d] < 0 and d not in specials and d > 1000
+    )
+    return shared[500], shared[600], absent
+
+
+def test_union_proposes_a_placeholder_and_stops(monkeypatch, bridge, smollm2, qwen05) -> None:
+    a, b, absent = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "union", [a, absent, b, b])
+    params = SamplingParams(temperature=1.0, seed=1)
+    _attach(prop, {"r0": params, "r1": params}, ["r0", "r1"])
+    out = _propose(prop, qwen05, 2)
+    t_a = int(bridge.intersection.draft_to_target[a])
+    assert out == [[t_a, ABSENT_PLACEHOLDER]] * 2  # nothing drafted after the absent token
+    probs = prop.take_last_draft_probs()
+    assert probs.shape == (2, K, 151936)
+    assert float(probs[0, 0, t_a]) > 0.99
+    assert float(probs[0, 1].sum()) < 1e-6  # q_in: the absent token's mass is not renormalized away
+    prop.runner.input_batch.req_ids = ["r1", "r0", "r2"]  # reordered and grown by verification time
+    force, fuzzy = prop.verify_inputs(3, 2)
+    assert force.tolist() == [[False, True], [False, True], [False, False]] and fuzzy is None
+    assert prop.verify_inputs(3, 2) == (None, None)  # the plan is used once
+
+
+def test_tli_never_drafts_the_absent_token(monkeypatch, bridge, smollm2, qwen05) -> None:
+    a, b, absent = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [a, absent, b, b])
+    _attach(prop, {"r0": SamplingParams(temperature=1.0, seed=1)}, ["r0"])
+    out = _propose(prop, qwen05, 1)
+    assert len(out[0]) == K  # the absent token is masked out, drafting goes on
+    assert set(out[0]) <= set(bridge.intersection.shared_target_ids.tolist())
+    assert prop.verify_inputs(1, K) == (None, None)
+
+
+def test_fsd_threshold_per_request(monkeypatch, bridge, smollm2, qwen05) -> None:
+    a, b, _ = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "fsd", [a, b])
+    requests = {
+        "default": SamplingParams(temperature=1.0),
+        "loose": SamplingParams(temperature=1.0, extra_args={"fsd_threshold": 0.4}),
+    }
+    _attach(prop, requests, ["default", "loose"])
+    _propose(prop, qwen05, 2)
+    force, fuzzy = prop.verify_inputs(2, K)
+    assert force is None
+    assert fuzzy.threshold.tolist() == pytest.approx([0.05, 0.4])
+    assert (fuzzy.divergence, fuzzy.topk) == ("js", 10)
+
+
+def test_fsd_bad_request_threshold_keeps_the_engine_alive(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """The front end rejects a bad tau with HTTP 400 (test_request_validation); one that
+    reaches the engine anyway must not raise there (it would kill the engine): the
+    configured tau is used instead."""
+    a, b, _ = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "fsd", [a, b])
+    _attach(prop, {"bad": SamplingParams(temperature=1.0, extra_args={"fsd_threshold": -1})}, ["bad"])
+    _propose(prop, qwen05, 1)
+    assert prop.states["bad"].fsd_threshold == prop.settings.fsd_threshold

@@ -1,0 +1,286 @@
+"""union and fsd pieces, exactly: divergences, the rule's extensions, the per-request
+plan, configuration and per-request validation, drafting, and the sampler's plumbing."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import vllm_hetero_spec
+from vllm_hetero_spec.config import HeteroConfigError, parse_settings, request_fsd_threshold
+from vllm_hetero_spec.drafter.sampling import SamplingRows
+from vllm_hetero_spec.drafter.token_level import ABSENT_PLACEHOLDER, draft_step
+from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES, divergence
+from vllm_hetero_spec.verify.plan import VerifyPlan
+from vllm_hetero_spec.verify.rules import PLACEHOLDER, FuzzyAcceptance, verify_block
+from vllm_hetero_spec.vocab.intersection import VocabIntersection
+
+# -- divergences ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", DIVERGENCE_NAMES)
+def test_divergence_of_identical_distributions_is_zero(name: str) -> None:
+    p = torch.softmax(torch.randn(3, 4, 20), -1)
+    d = divergence(name, p, p.clone(), 5)
+    assert d.shape == (3, 4)
+    assert torch.allclose(d, torch.zeros_like(d), atol=1e-6)
+
+
+def test_divergence_values() -> None:
+    p = torch.tensor([0.5, 0.5, 0.0, 0.0])
+    q = torch.tensor([0.0, 0.0, 0.5, 0.5])
+    assert math.isclose(float(divergence("js", p, q, 2)), math.log(2), rel_tol=1e-6)
+    assert math.isclose(float(divergence("tv", p, q, 2)), 1.0)
+    assert math.isinf(float(divergence("kl", p, q, 2)))
+    # KL(p || q) is finite where only q has mass the other lacks, infinite the other way.
+    wide = torch.tensor([0.25, 0.25, 0.25, 0.25])
+    assert math.isclose(float(divergence("kl", p, wide, 2)), math.log(2), rel_tol=1e-6)
+    assert math.isinf(float(divergence("kl", wide, p, 2)))
+
+
+def test_topk_divergences_ignore_the_tail() -> None:
+    """Equal (up to scale) on the union of both top-2 sets, different in the tail."""
+    p = torch.tensor([0.5, 0.3, 0.1, 0.1, 0.0])
+    q = torch.tensor([0.25, 0.15, 0.0, 0.1, 0.5])
+    assert float(divergence("js", p, q, 2)) > 0.1
+    q2 = torch.tensor([0.5, 0.3, 0.2, 0.0, 0.0])
+    for name in ("js_topk", "kl_topk", "tv_topk"):
+        assert float(divergence(name, p, q2, 2)) < 1e-6, name
+
+
+def test_unknown_divergence() -> None:
+    with pytest.raises(ValueError, match="unknown divergence"):
+        divergence("hellinger", torch.ones(2) / 2, torch.ones(2) / 2, 1)
+
+
+# -- the rule's extensions ----------------------------------------------------------------
+
+
+def _block(b: int, k: int, v: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(b, k, v, generator=g) * 2, -1)
+    q = torch.softmax(torch.randn(b, k, v, generator=g) * 2, -1)
+    draft = torch.multinomial(q.view(-1, v), 1, generator=g).view(b, k)
+    rand = (
+        torch.multinomial(p[:, -1], 1, generator=g).squeeze(1),
+        torch.zeros(b, dtype=torch.bool),
+        torch.rand(b, k, dtype=torch.float64, generator=g),
+        torch.empty(b, v).exponential_(generator=g),
+    )
+    return draft, torch.full((b,), k), p, q, rand
+
+
+def test_fuzzy_at_zero_threshold_is_the_lossless_rule() -> None:
+    draft, n, p, q, rand = _block(5000, 3, 12)
+    plain = verify_block(draft, n, p, q, *rand)
+    for name in DIVERGENCE_NAMES:
+        fuzzy = verify_block(draft, n, p, q, *rand, fuzzy=FuzzyAcceptance(torch.zeros(5000), name, 3))
+        assert torch.equal(plain, fuzzy), name
+
+
+def test_fuzzy_accepts_below_threshold_but_never_a_forbidden_token() -> None:
+    draft, n, p, q, rand = _block(4000, 2, 12, seed=1)
+    p[:2000, 0].scatter_(1, draft[:2000, :1], 0.0)  # the target forbids the first draft here
+    p = p / p.sum(-1, keepdim=True)
+    tau = torch.full((4000,), 10.0)  # above every js value: accept whatever is allowed
+    out = verify_block(draft, n, p, q, *rand, fuzzy=FuzzyAcceptance(tau, "js"))
+    assert bool((out[:2000, 0] != draft[:2000, 0]).all())
+    assert torch.equal(out[2000:, :2], draft[2000:])
+
+
+def test_per_row_thresholds() -> None:
+    draft, n, p, q, rand = _block(4000, 1, 12, seed=2)
+    tau = torch.tensor([0.0, 10.0]).repeat(2000)
+    out = verify_block(draft, n, p, q, *rand, fuzzy=FuzzyAcceptance(tau, "tv"))
+    assert torch.equal(out[1::2, 0], draft[1::2, 0])
+    assert float((out[::2, 0] == draft[::2, 0]).float().mean()) < 0.9
+
+
+def test_forced_rejection_samples_the_unnormalized_residual() -> None:
+    """q_in has mass 0.5 (the rest was on an absent token): the residual
+    max(p - q_in, 0) = [0, 0.5, 0] is what must be emitted, whatever the draft."""
+    b = 1000
+    p = torch.tensor([0.5, 0.5, 0.0]).expand(b, 1, 3)
+    q_in = torch.tensor([0.5, 0.0, 0.0]).expand(b, 1, 3)
+    out = verify_block(
+        torch.full((b, 1), ABSENT_PLACEHOLDER), torch.ones(b, dtype=torch.long), p, q_in,
+        torch.zeros(b, dtype=torch.long), torch.zeros(b, dtype=torch.bool), torch.zeros(b, 1, dtype=torch.float64),
+        torch.empty(b, 3).exponential_(), force_reject=torch.ones(b, 1, dtype=torch.bool),
+    )
+    assert bool((out[:, 0] == 1).all()) and bool((out[:, 1] == PLACEHOLDER).all())
+
+
+def test_extensions_need_draft_probs() -> None:
+    draft, n, p, _, rand = _block(4, 2, 5)
+    with pytest.raises(ValueError, match="draft_probs"):
+        verify_block(draft, n, p, None, *rand, force_reject=torch.zeros(4, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="draft_probs"):
+        verify_block(draft, n, p, None, *rand, fuzzy=FuzzyAcceptance(torch.zeros(4)))
+
+
+# -- drafting -----------------------------------------------------------------------------
+
+
+def _inter() -> VocabIntersection:
+    draft = [b"a", b"b", b"xy", None, b"a"]  # "xy" and the special are absent; "a" twice
+    target = [b"b", b"a", b"c"]
+    return VocabIntersection.build(draft, target)
+
+
+def _rows(n: int) -> SamplingRows:
+    return SamplingRows(torch.ones(n), torch.zeros(n, dtype=torch.long), torch.ones(n), [None] * n)
+
+
+def test_union_drafts_absent_tokens_with_unnormalized_q() -> None:
+    inter = _inter()
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.15, 0.25]])).expand(20_000, 5)
+    step = draft_step(logits, _rows(20_000), inter, "union")
+    absent = torch.isin(step.ids, torch.tensor([2, 3]))
+    assert torch.equal(step.absent, absent)
+    assert bool((step.target_ids[absent] == ABSENT_PLACEHOLDER).all())
+    assert torch.allclose(step.target_q[0], torch.tensor([0.2, 0.35, 0.0]))  # the two "a" ids add up
+    assert 0.4 < float(absent.float().mean()) < 0.5
+
+
+def test_tli_and_fsd_draft_only_shared_tokens() -> None:
+    inter = _inter()
+    logits = torch.randn(5000, 5)
+    for algorithm in ("tli", "fsd"):
+        step = draft_step(logits, _rows(5000), inter, algorithm)
+        assert not bool(step.absent.any())
+        assert torch.allclose(step.target_q.sum(-1), torch.ones(5000))
+    with pytest.raises(ValueError, match="token-level"):
+        draft_step(logits, _rows(5000), inter, "slem")
+
+
+# -- the per-request plan -----------------------------------------------------------------
+
+
+def test_plan_follows_the_verify_time_batch_order() -> None:
+    plan = VerifyPlan({"b": [False, True, False]}, {"a": 0.2, "b": 0.0}, divergence="kl", topk=4)
+    force, fuzzy = plan.block(["c", "b", "a"], 2)
+    assert force.tolist() == [[False, False], [False, True], [False, False]]
+    assert fuzzy.threshold.tolist() == [0.0, 0.0, 0.2]  # an unknown request verifies losslessly
+    assert (fuzzy.divergence, fuzzy.topk) == ("kl", 4)
+    assert VerifyPlan().block(["a"], 2) == (None, None)
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, 0.3, 2])
+def test_request_threshold_valid(value) -> None:
+    assert request_fsd_threshold({"fsd_threshold": value}, 0.1) == float(value)
+
+
+def test_request_threshold_default() -> None:
+    assert request_fsd_threshold(None, 0.1) == 0.1
+    assert request_fsd_threshold({"other": 1}, 0.1) == 0.1
+
+
+@pytest.mark.parametrize("value", [-0.1, "0.1", True, None, float("nan"), float("inf"), [0.1], 10**400])
+def test_request_threshold_invalid(value) -> None:
+    with pytest.raises(ValueError, match=r"extra_args\['fsd_threshold'\] must be a finite number >= 0"):
+        request_fsd_threshold({"fsd_threshold": value}, 0.1)
+
+
+@pytest.fixture()
+def draft_folder(tmp_path) -> str:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return str(tmp_path)
+
+
+def test_fsd_settings(draft_folder: str) -> None:
+    spec = {"method": "hetero", "model": draft_folder, "num_speculative_tokens": 3, "algorithm": "fsd",
+            "fsd_threshold": 0.25, "fsd_divergence": "tv_topk", "fsd_topk": 5}
+    settings, vllm_spec = parse_settings(spec)
+    got = (settings.algorithm, settings.fsd_threshold, settings.fsd_divergence, settings.fsd_topk)
+    assert got == ("fsd", 0.25, "tv_topk", 5)
+    assert not {"fsd_threshold", "fsd_divergence", "fsd_topk"} & set(vllm_spec)
+    union, _ = parse_settings({**spec, "algorithm": "union"})
+    assert union.algorithm == "union"
+
+
+@pytest.mark.parametrize(
+    "override,key,fix",
+    [
+        ({"fsd_threshold": -1}, "'fsd_threshold'", "e.g. 0.1"),
+        ({"fsd_threshold": "0.1"}, "'fsd_threshold'", "e.g. 0.1"),
+        ({"fsd_threshold": float("nan")}, "'fsd_threshold'", "e.g. 0.1"),
+        ({"fsd_divergence": "hellinger"}, "'fsd_divergence'", "choose one of"),
+        ({"fsd_topk": 0}, "'fsd_topk'", "must be an integer >= 1"),
+    ],
+)
+def test_bad_fsd_config_names_key_and_fix(draft_folder: str, override: dict, key: str, fix: str) -> None:
+    spec = {"method": "hetero", "model": draft_folder, "num_speculative_tokens": 3, "algorithm": "fsd", **override}
+    with pytest.raises(HeteroConfigError) as err:
+        parse_settings(spec)
+    assert key in str(err.value) and fix in str(err.value)
+
+
+# -- the sampler's plumbing ---------------------------------------------------------------
+
+
+def _spec_metadata(drafts: list[list[int]]):
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    counts = [len(d) for d in drafts]
+    target_idx, bonus_idx, offset = [], [], 0
+    for n in counts:
+        target_idx += range(offset, offset + n)
+        bonus_idx.append(offset + n)
+        offset += n + 1
+    i32 = torch.int32
+    return SpecDecodeMetadata(
+        torch.tensor(sum(drafts, []), dtype=i32), counts, torch.tensor(counts).cumsum(0).to(i32),
+        (torch.tensor(counts) + 1).cumsum(0).to(i32), torch.tensor(target_idx, dtype=i32),
+        torch.tensor(bonus_idx, dtype=i32), torch.arange(offset, dtype=i32),
+    )
+
+
+def _sampling_metadata(b: int):
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    zeros = torch.zeros(b)
+    return SamplingMetadata(
+        temperature=torch.ones(b), all_greedy=False, all_random=True, top_p=None, top_k=None, generators={},
+        max_num_logprobs=None, no_penalties=True, prompt_token_ids=None, frequency_penalties=zeros,
+        presence_penalties=zeros, repetition_penalties=torch.ones(b), output_token_ids=[[] for _ in range(b)],
+        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors(),
+    )
+
+
+def test_sampler_applies_the_proposers_plan() -> None:
+    """Through vLLM's sampler path: row 0's forced rejection and row 2's threshold reach
+    the rule for the right rows; without draft probabilities the plan is not asked for."""
+    from vllm.v1.sample.sampler import Sampler
+
+    from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
+
+    vllm_hetero_spec.register()  # the CPU build needs the patched expand kernel
+    v = 4
+    drafts = [[1, 2], [1, 2], [3, 3]]
+    logits = torch.full((9, v), -30.0)
+    for r in range(2):  # rows 0 and 1: the target is sure of 1, then 2, then 3
+        logits[3 * r, 1] = logits[3 * r + 1, 2] = logits[3 * r + 2, 3] = 30.0
+    logits[6:, 0] = 30.0  # row 2: the target is sure of 0; the drafts (3) have p ~ 0
+    logits[6:, 3] = 20.0  # ... but p(3) > 0, so a fuzzy acceptance is allowed
+    q = torch.full((6, v), 0.25)
+    q[4:] = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    calls = []
+
+    def verify_inputs(b: int, k: int):
+        calls.append((b, k))
+        force = torch.tensor([[False, True], [False, False], [False, False]])
+        return force, FuzzyAcceptance(torch.tensor([0.0, 0.0, 10.0]), "js")
+
+    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), verify_inputs=verify_inputs)
+    out = sampler(_spec_metadata(drafts), q, logits, _sampling_metadata(3)).sampled_token_ids
+    assert calls == [(3, 2)]
+    assert out.tolist() == [[1, 2, PLACEHOLDER], [1, 2, 3], [3, 3, 0]]
+    sampler(_spec_metadata(drafts), None, logits, _sampling_metadata(3))
+    assert calls == [(3, 2)]

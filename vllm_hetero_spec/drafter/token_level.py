@@ -1,0 +1,68 @@
+"""One draft step of the token-level algorithms (``tli``, ``fsd``, ``union``).
+
+Their proposals are single draft tokens carried one to one into the target vocabulary
+by byte-identical strings (:class:`VocabIntersection`), so verification can use the real
+draft distribution q. They differ only in what the drafter may sample:
+
+- ``tli`` and ``fsd`` sample from the intersection-restricted, renormalized q (the
+  request's temperature/top-k/top-p applied to that restricted distribution), so q is a
+  proper distribution over target tokens. For ``fsd`` this also makes the divergence
+  D(p, q) compare two distributions over the same tokens; the draft mass outside the
+  intersection is not compared, it is simply never drafted.
+- ``union`` samples from the drafter's full processed distribution. A sampled token the
+  target lacks is proposed as :data:`ABSENT_PLACEHOLDER` and marked ``absent``: the
+  verifier must reject it (p is 0 there in the union of the vocabularies) and emit a
+  sample of normalize(max(p - q_in, 0)), where q_in is the draft mass on representable
+  tokens, not renormalized -- that is what :meth:`VocabIntersection.to_target_probs`
+  returns for an unrestricted q.
+
+The proposer and the sampler-level tests both draft through :func:`draft_step`, so the
+tests exercise exactly the mapping the engine uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
+from vllm_hetero_spec.vocab.intersection import VocabIntersection
+
+TOKEN_LEVEL = ("tli", "fsd", "union")
+RESTRICTED = ("tli", "fsd")
+# Any valid target id does: a forced rejection never emits it, and since drafting stops
+# after an absent token, its own target logits (the next position's) are never used.
+ABSENT_PLACEHOLDER = 0
+
+
+@dataclass
+class DraftStep:
+    """One sampled token per row, with the distributions verification needs.
+
+    Attributes:
+        q: ``[n, draft_vocab]`` the processed distribution each token was sampled from.
+        ids: ``[n]`` sampled draft ids.
+        target_ids: ``[n]`` their target ids, :data:`ABSENT_PLACEHOLDER` where absent.
+        absent: ``[n]`` bool, the sampled token has no target id (``union`` only).
+        target_q: ``[n, target_vocab]`` q carried onto the target vocabulary.
+    """
+
+    q: torch.Tensor
+    ids: torch.Tensor
+    target_ids: torch.Tensor
+    absent: torch.Tensor
+    target_q: torch.Tensor
+
+
+def draft_step(logits: torch.Tensor, rows: SamplingRows, inter: VocabIntersection, algorithm: str) -> DraftStep:
+    """Sample one token per row of ``logits`` ``[n, draft_vocab]`` the way ``algorithm``
+    drafts, and map it into the target vocabulary."""
+    if algorithm not in TOKEN_LEVEL:
+        raise ValueError(f"{algorithm!r} is not a token-level algorithm ({list(TOKEN_LEVEL)})")
+    q = processed_probs(logits, rows, inter.draft_mask if algorithm in RESTRICTED else None)
+    ids = sample(q, rows)
+    mapped = inter.draft_to_target[ids]
+    absent = mapped < 0
+    target_ids = mapped.masked_fill(absent, ABSENT_PLACEHOLDER)
+    return DraftStep(q, ids, target_ids, absent, inter.to_target_probs(q))

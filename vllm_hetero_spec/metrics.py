@@ -1,0 +1,125 @@
+"""The plugin's Prometheus metrics (``hetero:*``), from the worker to ``/metrics``.
+
+The proposer lives in vLLM's worker process; ``/metrics`` is served by the API server
+process. prometheus_client's own multi-process mode would need ``PROMETHEUS_MULTIPROC_DIR``
+set by the user before start-up, and turning it on changes how vLLM's own metrics are
+collected. Instead each worker owns a small memory-mapped array of float64 slots (a store
+per update: nothing on the hot path but a memory write) plus a JSON sidecar with its
+labels, in a directory chosen by the first process that loads the plugin and inherited by
+the processes it starts. A collector registered in every process reads the directory
+at scrape time. Counters are monotonic per worker; gauges describe the worker's current
+state; every sample carries the worker's ``pid`` label (tensor-parallel ranks each
+report, sum or max them as needed).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+DIR_ENV = "VLLM_HETERO_SPEC_METRICS_DIR"
+
+#: name -> help; exported as ``hetero:<name>_total``.
+COUNTERS: dict[str, str] = {
+    "steps": "Proposal steps run by the drafter",
+    "bridge_seconds": "Seconds spent in the vocabulary bridge (re-tokenization, alignment, mapping)",
+    "draft_seconds": "Seconds spent in draft model forwards and sampling",
+    "proposed_tokens": "Target tokens proposed to the verifier",
+    "realign_mismatches": "Re-tokenizations whose draft-side tokens diverged from the cached ones",
+    "fallbacks": "Steps where drafting failed and the batch ran without drafts",
+    "undrafted_requests": "Request-steps with nothing to draft from (e.g. an incomplete UTF-8 character)",
+}
+#: name -> help; exported as ``hetero:<name>``.
+GAUGES: dict[str, str] = {
+    "request_states": "Requests the drafter currently holds state for",
+    "draft_state_bytes": "Bytes held by per-request draft state (draft KV caches and token arrays)",
+}
+SLOTS: tuple[str, ...] = tuple(COUNTERS) + tuple(GAUGES)
+_INDEX = {name: i for i, name in enumerate(SLOTS)}
+
+
+def metrics_dir() -> Path:
+    """This server's metrics directory, created (and removed at exit) by the first
+    process to ask; child processes inherit it through the environment."""
+    existing = os.environ.get(DIR_ENV)
+    if existing:
+        return Path(existing)
+    path = Path(tempfile.mkdtemp(prefix="vllm_hetero_spec_metrics-"))
+    os.environ[DIR_ENV] = str(path)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+class MetricsBoard:
+    """One worker's slots. ``add`` for counters, ``set`` for gauges."""
+
+    def __init__(self, labels: dict[str, str], directory: Path | None = None):
+        directory = directory or metrics_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        stem = directory / f"worker-{os.getpid()}"
+        (stem.with_suffix(".json")).write_text(json.dumps({"labels": labels, "slots": list(SLOTS)}))
+        self._values = np.memmap(stem.with_suffix(".bin"), dtype=np.float64, mode="w+", shape=(len(SLOTS),))
+
+    def add(self, name: str, value: float) -> None:
+        self._values[_INDEX[name]] += value
+
+    def set(self, name: str, value: float) -> None:
+        self._values[_INDEX[name]] = value
+
+
+def read_boards(directory: Path) -> list[tuple[dict[str, str], dict[str, float]]]:
+    """Every worker's labels and values in ``directory`` (skips half-written files)."""
+    out = []
+    for meta in sorted(directory.glob("worker-*.json")):
+        try:
+            info = json.loads(meta.read_text())
+            values = np.fromfile(meta.with_suffix(".bin"), dtype=np.float64)
+        except (OSError, ValueError):
+            continue
+        slots = info["slots"]
+        if len(values) != len(slots):
+            continue
+        labels = {**info["labels"], "pid": meta.stem.removeprefix("worker-")}
+        out.append((labels, dict(zip(slots, values.tolist()))))
+    return out
+
+
+class BoardCollector:
+    """A prometheus_client collector over :func:`read_boards` (read at scrape time)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def collect(self) -> Iterator[object]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        boards = read_boards(self.directory)
+        label_names = sorted({k for labels, _ in boards for k in labels})
+        families = [(CounterMetricFamily, name, doc) for name, doc in COUNTERS.items()]
+        families += [(GaugeMetricFamily, name, doc) for name, doc in GAUGES.items()]
+        for family_cls, name, doc in families:
+            family = family_cls(f"hetero:{name}", doc, labels=label_names)
+            for labels, values in boards:
+                family.add_metric([labels.get(k, "") for k in label_names], values.get(name, 0.0))
+            yield family
+
+
+_collector: BoardCollector | None = None
+
+
+def register_collector() -> BoardCollector:
+    """Add the collector to prometheus_client's default registry (once per process)."""
+    global _collector
+    if _collector is None:
+        from prometheus_client import REGISTRY
+
+        _collector = BoardCollector(metrics_dir())
+        REGISTRY.register(_collector)
+    return _collector

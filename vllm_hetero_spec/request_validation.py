@@ -1,0 +1,32 @@
+"""Per-request hetero settings, checked where vLLM can still answer the client.
+
+A per-request setting (``SamplingParams.extra_args``, which the OpenAI server fills from
+``vllm_xargs``) reaches our proposer inside the engine process, where any exception
+kills the engine for every client. So bad values are refused in the front end with
+vLLM's own ``VLLMValidationError``, which the server turns into HTTP 400 naming the
+parameter (a plain ``ValueError`` there becomes a 500) and which ``LLM.generate``
+raises to the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vllm.exceptions import VLLMValidationError
+
+from vllm_hetero_spec.config import FSD_THRESHOLD_ARG, request_fsd_threshold
+
+
+def check_extra_args(extra_args: Mapping[str, Any] | None) -> None:
+    """Raise ``VLLMValidationError`` for a per-request hetero setting that cannot be used."""
+    if not extra_args or FSD_THRESHOLD_ARG not in extra_args:
+        return
+    try:
+        request_fsd_threshold(extra_args, 0.0)
+    except ValueError as err:
+        raise VLLMValidationError(
+            f"vllm_xargs.{FSD_THRESHOLD_ARG}: {err}",
+            parameter=f"vllm_xargs.{FSD_THRESHOLD_ARG}",
+            value=extra_args[FSD_THRESHOLD_ARG],
+        ) from err

@@ -1,0 +1,119 @@
+"""Run a real ``vllm serve`` on loopback for tests and benchmarks, and stop it cleanly.
+
+vLLM's server is three processes on the CPU build (API server, engine core, worker), and
+the engine core does not watch its parent; so the server starts in its own session and
+is stopped by signalling the whole process group (SIGTERM, then SIGKILL after a grace
+period), which leaves nothing behind even when a test fails half-way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from vllm_hetero_spec.evaluation import default_env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def vllm_command() -> list[str]:
+    """The documented ``vllm`` console script of this environment."""
+    return [str(Path(sys.executable).with_name("vllm"))]
+
+
+class ServerProcess:
+    """``vllm serve MODEL ARGS...`` on 127.0.0.1; use as a context manager."""
+
+    def __init__(self, model: str, args: list[str], log_path: Path, startup_timeout: float = 600):
+        self.model = model
+        self.args = args
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "ServerProcess":
+        cmd = [*vllm_command(), "serve", self.model, "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        env = default_env()
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's normal process layout
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"vllm serve not healthy after {self.startup_timeout} s:\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 30) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        except ProcessLookupError:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self._log.close()
+        self.proc = None
+
+    def log_tail(self, chars: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` as {sample name with labels: value}, for the plugin's and vLLM's series."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def metric_sum(self, prefix: str) -> float:
+        """Sum of every sample whose name (labels excluded) is ``prefix``."""
+        return sum(v for k, v in self.metrics().items() if k.split("{", 1)[0] == prefix)
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def spec_arg(spec: dict[str, Any]) -> list[str]:
+    return ["--speculative-config", json.dumps(spec)]
