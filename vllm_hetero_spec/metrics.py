@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-DIR_ENV = "VLLM_HETERO_SPEC_METRICS_DIR"
+DIR_ENV = "HETERO_SPEC_METRICS_DIR"
 
 #: name -> help; exported as ``hetero:<name>_total``.
 COUNTERS: dict[str, str] = {

@@ -145,7 +145,7 @@ class HeteroProposer:
     def drop_request(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
         if self.states.pop(req_id, None) is not None:
-            self.board.set("request_states", len(self.states))
+            self._publish_states()
 
     def take_last_draft_probs(self) -> torch.Tensor | None:
         probs, self._last_probs = self._last_probs, None
@@ -189,13 +189,14 @@ class HeteroProposer:
 
     def _publish(self) -> None:
         """Copy the counters and the state size to the metrics board (memory writes)."""
-        board, stats = self.board, self.stats
-        for name, value in stats.as_metrics().items():
-            board.set(name, value)
-        board.set("request_states", len(self.states))
-        board.set(
-            "draft_state_bytes",
-            sum(s.cache.nbytes + s.draft.nbytes + len(s.text) for s in self.states.values()),
+        for name, value in self.stats.as_metrics().items():
+            self.board.set(name, value)
+        self._publish_states()
+
+    def _publish_states(self) -> None:
+        self.board.set("request_states", len(self.states))
+        self.board.set(
+            "draft_state_bytes", sum(s.cache.nbytes + s.draft.nbytes + len(s.text) for s in self.states.values())
         )
 
     def _propose(

@@ -10,6 +10,7 @@ raises to the caller.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,9 +19,25 @@ from vllm.exceptions import VLLMValidationError
 from vllm_hetero_spec.config import FSD_THRESHOLD_ARG, request_fsd_threshold
 
 
+REQUEST_KEYS = (FSD_THRESHOLD_ARG,)
+
+
 def check_extra_args(extra_args: Mapping[str, Any] | None) -> None:
-    """Raise ``VLLMValidationError`` for a per-request hetero setting that cannot be used."""
-    if not extra_args or FSD_THRESHOLD_ARG not in extra_args:
+    """Raise ``VLLMValidationError`` for a per-request hetero setting that cannot be used.
+
+    ``extra_args`` is shared with vLLM and other plugins, so unknown keys are allowed,
+    except near-misses of ours (a typo would otherwise be ignored silently)."""
+    if not extra_args:
+        return
+    for key in extra_args:
+        if key not in REQUEST_KEYS:
+            close = difflib.get_close_matches(key, REQUEST_KEYS, n=1, cutoff=0.8)
+            if close:
+                raise VLLMValidationError(
+                    f"unknown per-request setting vllm_xargs.{key}; did you mean '{close[0]}'?",
+                    parameter=f"vllm_xargs.{key}",
+                )
+    if FSD_THRESHOLD_ARG not in extra_args:
         return
     try:
         request_fsd_threshold(extra_args, 0.0)

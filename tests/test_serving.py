@@ -1,0 +1,219 @@
+"""The documented server: `vllm serve TARGET --speculative-config configs/hetero.json`.
+
+Real `vllm serve` processes on loopback (the console script, as a user runs it), queried
+with the `openai` client: T = 0 outputs identical to a server without speculation for
+completions and chat, streaming and not, under 32 concurrent requests; aborted streams
+leave no draft state behind; bad requests get 4xx and the server keeps serving; the
+metrics on /metrics are consistent; bad CLI configs stop the server at start-up.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from vllm_hetero_spec.evaluation import default_env
+from vllm_hetero_spec.prompts import BRIDGE_STRESS
+from vllm_hetero_spec.server_process import ServerProcess, vllm_command
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_MODEL_LEN = 512
+# --enforce-eager: no torch.compile warm-up, halving start-up on 2 cores (both servers alike).
+COMMON = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--generation-config", "vllm", "--enforce-eager"]
+
+
+def _start(model: str, extra: list[str], log: Path) -> ServerProcess:
+    return ServerProcess(model, COMMON + extra, log).start()
+
+
+@pytest.fixture(scope="module")
+def servers(qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory):
+    """A plain server and the documented hetero server (configs/hetero.json, by path),
+    on the same target. Started one after the other: two cores."""
+    logs = tmp_path_factory.mktemp("serve")
+    plain = _start(qwen05, [], logs / "plain.log")
+    try:
+        hetero = _start(qwen05, ["--speculative-config", str(REPO / "configs/hetero.json")], logs / "hetero.log")
+    except Exception:
+        plain.stop()
+        raise
+    yield plain, hetero
+    hetero.stop()
+    plain.stop()
+
+
+def _client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=600)
+
+
+def _complete(server: ServerProcess, prompt: str, max_tokens: int, stream: bool = False, **extra) -> str:
+    client = _client(server)
+    kwargs = dict(model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0.0, **extra)
+    if not stream:
+        return client.completions.create(**kwargs).choices[0].text
+    return "".join(chunk.choices[0].text for chunk in client.completions.create(stream=True, **kwargs))
+
+
+def _chat(server: ServerProcess, content: str, max_tokens: int, stream: bool = False) -> str:
+    client = _client(server)
+    kwargs = dict(
+        model=server.model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0.0
+    )
+    if not stream:
+        return client.chat.completions.create(**kwargs).choices[0].message.content
+    return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs))
+
+
+def _parallel(fn, jobs: list[tuple]) -> list:
+    with cf.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        return list(pool.map(lambda job: fn(*job), jobs))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain-response", "streaming"])
+def test_completions_and_chat_identical_to_plain_server(servers, stream: bool) -> None:
+    plain, hetero = servers
+    prompts = BRIDGE_STRESS[:4]
+    for prompt in prompts:
+        assert _complete(hetero, prompt, 24, stream) == _complete(plain, prompt, 24, stream), prompt
+    question = "Write a Python function that reverses a string."
+    assert _chat(hetero, question, 24, stream) == _chat(plain, question, 24, stream)
+    assert hetero.metric_sum("vllm:spec_decode_num_accepted_tokens_total") > 0
+
+
+def test_32_concurrent_mixed_requests(servers) -> None:
+    """Mixed prompts and lengths, completions and chat, some streaming, all at once."""
+    plain, hetero = servers
+    jobs = []
+    for i in range(32):
+        prompt = BRIDGE_STRESS[i % len(BRIDGE_STRESS)]
+        jobs.append(("chat" if i % 4 == 3 else "completion", prompt, 8 + (i * 7) % 33, i % 3 == 0))
+
+    def run(server: ServerProcess, kind: str, prompt: str, n: int, stream: bool) -> str:
+        return (_chat if kind == "chat" else _complete)(server, prompt, n, stream)
+
+    got = _parallel(run, [(hetero, *job) for job in jobs])
+    want = _parallel(run, [(plain, *job) for job in jobs])
+    assert all(g for g in got), "a request came back empty"
+    assert got == want
+    assert hetero.metric_sum("hetero:fallbacks_total") == 0
+
+
+def _wait_for_metric(server: ServerProcess, name: str, value: float, timeout: float = 60) -> float:
+    deadline = time.monotonic() + timeout
+    current = server.metric_sum(name)
+    while current != value and time.monotonic() < deadline:
+        time.sleep(0.5)
+        current = server.metric_sum(name)
+    return current
+
+
+def test_aborted_streams_leave_no_draft_state(servers) -> None:
+    _, hetero = servers
+
+    def read_then_disconnect(i: int) -> int:
+        stream = _client(hetero).completions.create(
+            model=hetero.model, prompt=BRIDGE_STRESS[i % len(BRIDGE_STRESS)], max_tokens=200, temperature=0.0,
+            stream=True,
+        )
+        seen = 0
+        for _ in stream:
+            seen += 1
+            if seen == 3:
+                break
+        stream.close()
+        return seen
+
+    assert _parallel(read_then_disconnect, [(i,) for i in range(8)]) == [3] * 8
+    assert _wait_for_metric(hetero, "hetero:request_states", 0) == 0
+    assert _wait_for_metric(hetero, "hetero:draft_state_bytes", 0) == 0
+    assert _complete(hetero, "def add(a, b):", 8)
+
+
+BAD_REQUESTS = {
+    "fsd_threshold negative": {"prompt": "hi", "max_tokens": 4, "vllm_xargs": {"fsd_threshold": -1}},
+    "fsd_threshold not a number": {"prompt": "hi", "max_tokens": 4, "vllm_xargs": {"fsd_threshold": "abc"}},
+    "fsd_threshold misspelt": {"prompt": "hi", "max_tokens": 4, "vllm_xargs": {"fsd_treshold": 0.1}},
+    "fsd_threshold while streaming": {
+        "prompt": "hi", "max_tokens": 4, "stream": True, "vllm_xargs": {"fsd_threshold": -1},
+    },
+    "prompt longer than the context": {"prompt": "word " * (2 * MAX_MODEL_LEN), "max_tokens": 4},
+    "empty prompt": {"prompt": "", "max_tokens": 4},
+    "lone surrogate": {"prompt": "\ud800 hi", "max_tokens": 4},
+    "wrongly typed field": {"prompt": "hi", "max_tokens": "many"},
+    "negative max_tokens": {"prompt": "hi", "max_tokens": -3},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(servers, case: str) -> None:
+    import httpx
+
+    _, hetero = servers
+    body = {"model": hetero.model, **BAD_REQUESTS[case]}
+    # json.dumps escapes a lone surrogate as \ud800, as any JSON client would send it.
+    resp = httpx.post(f"{hetero.url}/v1/completions", content=json.dumps(body),
+                      headers={"content-type": "application/json"}, timeout=120)
+    assert 400 <= resp.status_code < 500, (resp.status_code, resp.text[:500])
+    assert "error" in resp.json()
+    assert hetero.alive()
+    assert _complete(hetero, "def add(a, b):", 4)
+
+
+def test_unknown_top_level_fields_are_ignored_as_vllm_documents(servers) -> None:
+    """vLLM's OpenAI server ignores unknown top-level fields (and logs them) so that
+    newer clients keep working; the plugin keeps that contract."""
+    plain, hetero = servers
+    extra = {"extra_body": {"not_a_vllm_field": 1}}
+    assert _complete(hetero, "def add(a, b):", 8, **extra) == _complete(plain, "def add(a, b):", 8)
+
+
+def test_spec_decode_metrics_are_consistent(servers) -> None:
+    """vLLM's counters see our drafts (and accepted <= drafted, per position too); the
+    plugin's own series are on /metrics with the configured algorithm."""
+    _, hetero = servers
+    _complete(hetero, BRIDGE_STRESS[0], 16)
+    m = hetero.metrics()
+    drafts = hetero.metric_sum("vllm:spec_decode_num_drafts_total")
+    draft_tokens = hetero.metric_sum("vllm:spec_decode_num_draft_tokens_total")
+    accepted = hetero.metric_sum("vllm:spec_decode_num_accepted_tokens_total")
+    per_pos = [v for k, v in m.items() if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total")]
+    assert drafts > 0 and 0 < accepted <= draft_tokens <= 4 * drafts
+    assert len(per_pos) == 4 and sum(per_pos) == accepted
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:])), "acceptance per position must not increase"
+    assert hetero.metric_sum("hetero:steps_total") > 0
+    assert hetero.metric_sum("hetero:proposed_tokens_total") >= draft_tokens
+    assert 0 < hetero.metric_sum("hetero:bridge_seconds_total") < hetero.metric_sum("hetero:draft_seconds_total")
+    assert any(k.startswith("hetero:steps_total{") and 'algorithm="tli"' in k for k in m)
+
+
+def _serve_fails(model: str, spec: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*vllm_command(), "serve", model, "--port", "1", *COMMON, "--speculative-config", spec],
+        capture_output=True, text=True, timeout=timeout, env=default_env(),
+    )
+
+
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        ('{"method": "hetero", "model": "smollm2-135m", "num_speculative_tokens": 4, "algorithm": "nope"}',
+         "'algorithm' = 'nope' is not supported"),
+        ("configs/does-not-exist.json", "does not exist"),
+    ],
+    ids=["unknown algorithm", "missing file"],
+)
+def test_bad_cli_config_fails_fast_with_the_key(qwen05: str, spec: str, needle: str) -> None:
+    start = time.monotonic()
+    proc = _serve_fails(qwen05, spec)
+    assert proc.returncode != 0
+    assert needle in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - start < 120
