@@ -38,14 +38,14 @@ def configs(draft: str, k: int) -> dict[str, dict | None]:
 
     return {
         "plain": None,
+        "ours tli": ours("tli"),
         "vllm draft_model + use_heterogeneous_vocab": {
             "method": "draft_model", "model": draft, "num_speculative_tokens": k, "use_heterogeneous_vocab": True,
         },
-        "ours tli": ours("tli"),
         "ours slem": ours("slem"),
-        "ours dtw (lossless)": ours("dtw"),
-        "ours union": ours("union"),
         "ours fsd (tau 0.1)": ours("fsd", fsd_threshold=0.1),
+        "ours union": ours("union"),
+        "ours dtw (lossless)": ours("dtw"),
     }
 
 
@@ -88,7 +88,7 @@ def bench(server: ServerProcess, dataset: Path, n: int, concurrency: int, out_le
         "--endpoint", "/v1/chat/completions", "--model", server.model, "--tokenizer", server.model,
         "--dataset-name", "sharegpt", "--dataset-path", str(dataset), "--num-prompts", str(n),
         "--max-concurrency", str(concurrency), "--sharegpt-output-len", str(out_len), "--ignore-eos",
-        "--temperature", "0", "--seed", "0", "--disable-tqdm", "--save-result",
+        "--temperature", "0", "--seed", "0", "--num-warmups", "2", "--disable-tqdm", "--save-result",
         "--result-dir", str(result.parent), "--result-filename", result.name,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=default_env(), timeout=3600)
@@ -98,17 +98,17 @@ def bench(server: ServerProcess, dataset: Path, n: int, concurrency: int, out_le
 
 
 def requests_at(concurrency: int, args: argparse.Namespace) -> int:
-    return args.num_prompts_at_max if concurrency == max(args.concurrency) else max(4 * concurrency, 8)
+    return args.num_prompts_at_max if concurrency == max(args.concurrency) else max(2 * concurrency, 8)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--target", default="qwen2.5-coder-0.5b", help="1.5B: about 3x longer on 2 cores")
     ap.add_argument("--draft", default="smollm2-135m")
     ap.add_argument("-k", type=int, default=4)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--num-prompts-at-max", type=int, default=200, help="requests at the highest concurrency")
-    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--only", nargs="*", help="substrings of configuration names to run")
     args = ap.parse_args()
@@ -119,6 +119,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="serving_bench-"))
     dataset = sharegpt_file(work / "spec_bench_sharegpt.json")
     rows, memory = [], {}
+    meta = {"args": vars(args), "target": target, "draft": draft, "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{platform.machine()} {platform.processor()}"}
     for name, spec in configs(draft, args.k).items():
         if args.only and not any(s in name for s in args.only):
             continue
@@ -148,11 +150,10 @@ def main() -> None:
                     )},
                 })
                 print(json.dumps(rows[-1]), flush=True)
-    meta = {"args": vars(args), "target": target, "draft": draft, "date": time.strftime("%Y-%m-%d"),
-            "machine": f"{platform.machine()} {platform.processor()}"}
-    (OUT / "serving.json").write_text(json.dumps({"meta": meta, "rows": rows, "draft_state": memory}, indent=1))
-    write_markdown(rows, memory, meta)
-    plot(rows)
+                # After every cell, so that an interrupted run keeps what it measured.
+                (OUT / "serving.json").write_text(json.dumps({"meta": meta, "rows": rows, "draft_state": memory}))
+                write_markdown(rows, memory, meta)
+                plot(rows)
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:

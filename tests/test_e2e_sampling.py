@@ -35,7 +35,11 @@ def _sample(target: str, seed0: int, temperature: float, spec: dict | None = Non
         "speculative_config": spec,
         "warmup": False,
     }
-    return run_isolated(job)["token_ids"]
+    result = run_isolated(job)
+    if spec is not None:
+        # Otherwise a drafter that never drafts (or always fails) would pass vacuously.
+        assert result["num_accepted_tokens"] > 0 and result["fallbacks"] == 0, result
+    return result["token_ids"]
 
 
 def _pvalue(a: list[int], b: list[int]) -> float:
