@@ -207,6 +207,8 @@ def plot(rows: list[dict]) -> None:
         pts = sorted((r["concurrency"], r["median_tpot_ms"]) for r in rows if r["configuration"] == name)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
     ax.set_xscale("log", base=2)
+    levels = sorted({r["concurrency"] for r in rows})
+    ax.set_xticks(levels, [str(c) for c in levels])
     ax.set_xlabel("concurrent requests")
     ax.set_ylabel("median TPOT (ms per output token)")
     ax.set_title("vllm serve on a 2-core CPU: time per output token")
