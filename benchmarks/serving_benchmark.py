@@ -9,6 +9,7 @@ to zero. Same machine, same run, configurations one after the other.
 
     .venv/bin/python benchmarks/serving_benchmark.py                   # defaults below
     .venv/bin/python benchmarks/serving_benchmark.py --only plain tli --concurrency 1 8
+    .venv/bin/python benchmarks/serving_benchmark.py --only union dtw --append   # add rows
 
 Writes benchmarks/results/serving.{json,md} and serving_tpot.png.
 """
@@ -111,6 +112,8 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--only", nargs="*", help="substrings of configuration names to run")
+    ap.add_argument("--append", action="store_true",
+                    help="add to the rows of an earlier serving.json (same settings) instead of starting afresh")
     args = ap.parse_args()
 
     target = str(ensure_model(args.target))
@@ -119,6 +122,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="serving_bench-"))
     dataset = sharegpt_file(work / "spec_bench_sharegpt.json")
     rows, memory = [], {}
+    if args.append and (OUT / "serving.json").exists():
+        earlier = json.loads((OUT / "serving.json").read_text())
+        rows, memory = earlier["rows"], earlier["draft_state"]
     meta = {"args": vars(args), "target": target, "draft": draft, "date": time.strftime("%Y-%m-%d"),
             "machine": f"{platform.machine()} {platform.processor()}"}
     for name, spec in configs(draft, args.k).items():

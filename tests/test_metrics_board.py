@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, generate_latest
 
 from vllm_hetero_spec.metrics import COUNTERS, GAUGES, BoardCollector, MetricsBoard, read_boards
@@ -32,3 +34,22 @@ def test_half_written_boards_are_skipped(tmp_path) -> None:
     (tmp_path / "worker-2.json").write_text('{"labels": {}, "slots": ["steps", "fallbacks"]}')
     (tmp_path / "worker-2.bin").write_bytes(b"\0" * 8)
     assert read_boards(tmp_path) == []
+
+
+def test_the_collector_reports_only_its_own_live_workers(tmp_path) -> None:
+    """A board left by another engine (here: pid 1, not a descendant of this process)
+    or by a finished one must not be summed into this server's metrics."""
+    MetricsBoard({"algorithm": "tli"}, tmp_path).set("request_states", 2)
+    foreign = MetricsBoard({"algorithm": "tli"}, tmp_path / "other")
+    foreign.set("request_states", 69)
+    for suffix in (".json", ".bin"):
+        (tmp_path / "other" / f"worker-{os.getpid()}{suffix}").rename(tmp_path / f"worker-1{suffix}")
+    assert sorted(v["request_states"] for _, v in read_boards(tmp_path)) == [2, 69]
+    own = read_boards(tmp_path, owner=os.getpid())
+    assert [v["request_states"] for _, v in own] == [2]
+    registry = CollectorRegistry()
+    registry.register(BoardCollector(tmp_path))
+    assert registry.get_sample_value(
+        "hetero:request_states", {"algorithm": "tli", "pid": str(os.getpid())}
+    ) == 2
+    assert registry.get_sample_value("hetero:request_states", {"algorithm": "tli", "pid": "1"}) is None

@@ -7,7 +7,8 @@ collected. Instead each worker owns a small memory-mapped array of float64 slots
 per update: nothing on the hot path but a memory write) plus a JSON sidecar with its
 labels, in a directory chosen by the first process that loads the plugin and inherited by
 the processes it starts. A collector registered in every process reads the directory
-at scrape time. Counters are monotonic per worker; gauges describe the worker's current
+at scrape time, keeping only live workers that descend from its own process (so one
+server never reports another engine's workers, or a finished engine's last values). Counters are monotonic per worker; gauges describe the worker's current
 state; every sample carries the worker's ``pid`` label (tensor-parallel ranks each
 report, sum or max them as needed).
 """
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 DIR_ENV = "HETERO_SPEC_METRICS_DIR"
 
@@ -74,10 +76,31 @@ class MetricsBoard:
         self._values[_INDEX[name]] = value
 
 
-def read_boards(directory: Path) -> list[tuple[dict[str, str], dict[str, float]]]:
-    """Every worker's labels and values in ``directory`` (skips half-written files)."""
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether live process ``pid`` is ``ancestor`` or one of its descendants."""
+    try:
+        proc: psutil.Process | None = psutil.Process(pid)
+        while proc is not None:
+            if proc.pid == ancestor:
+                return True
+            proc = proc.parent()
+    except psutil.Error:
+        return False
+    return False
+
+
+def read_boards(directory: Path, owner: int | None = None) -> list[tuple[dict[str, str], dict[str, float]]]:
+    """Every worker's labels and values in ``directory`` (skips half-written files).
+
+    With ``owner``, only live workers started by that process (or the process itself):
+    the directory is inherited by every process a plugin-loading parent starts, so
+    several engines (one after another, or side by side) may write boards there, and a
+    finished engine's board keeps its last values."""
     out = []
     for meta in sorted(directory.glob("worker-*.json")):
+        pid = meta.stem.removeprefix("worker-")
+        if owner is not None and not (pid.isdigit() and _descends_from(int(pid), owner)):
+            continue
         try:
             info = json.loads(meta.read_text())
             values = np.fromfile(meta.with_suffix(".bin"), dtype=np.float64)
@@ -86,7 +109,7 @@ def read_boards(directory: Path) -> list[tuple[dict[str, str], dict[str, float]]
         slots = info["slots"]
         if len(values) != len(slots):
             continue
-        labels = {**info["labels"], "pid": meta.stem.removeprefix("worker-")}
+        labels = {**info["labels"], "pid": pid}
         out.append((labels, dict(zip(slots, values.tolist()))))
     return out
 
@@ -100,7 +123,7 @@ class BoardCollector:
     def collect(self) -> Iterator[object]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        boards = read_boards(self.directory)
+        boards = read_boards(self.directory, owner=os.getpid())
         label_names = sorted({k for labels, _ in boards for k in labels})
         families = [(CounterMetricFamily, name, doc) for name, doc in COUNTERS.items()]
         families += [(GaugeMetricFamily, name, doc) for name, doc in GAUGES.items()]
