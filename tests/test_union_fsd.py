@@ -156,6 +156,26 @@ def test_tli_and_fsd_draft_only_shared_tokens() -> None:
         draft_step(logits, _rows(5000), inter, "slem")
 
 
+def test_greedy_fsd_compares_the_models_untempered_distributions() -> None:
+    """At T = 0 the drafter samples its argmax, but fsd's verifier gets the drafter's
+    model distribution (restricted to the intersection), so a target whose distribution
+    is close accepts a draft that is not its own argmax; tli keeps the one-hot."""
+    inter = _inter()
+    logits = torch.log(torch.tensor([[0.1, 0.5, 0.1, 0.2, 0.1]]))  # intersection: ids 0, 1, 4
+    greedy = SamplingRows(torch.zeros(1), torch.zeros(1, dtype=torch.long), torch.ones(1), [None])
+    fsd = draft_step(logits, greedy, inter, "fsd")
+    tli = draft_step(logits, greedy, inter, "tli")
+    assert fsd.ids.tolist() == tli.ids.tolist() == [1]  # "b", the argmax
+    assert torch.allclose(fsd.target_q[0], torch.tensor([0.5, 0.2, 0.0]) / 0.7)
+    assert tli.target_q[0].tolist() == [1.0, 0.0, 0.0]
+    p = torch.tensor([[[0.45, 0.55, 0.0]]])  # the target prefers "a" but is close to q
+    args = (torch.ones(1, dtype=torch.long), p, fsd.target_q.unsqueeze(1), torch.tensor([2]),
+            torch.ones(1, dtype=torch.bool), torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, 3))
+    draft = fsd.target_ids.unsqueeze(1)
+    assert verify_block(draft, *args, fuzzy=FuzzyAcceptance(torch.tensor([0.05]), "js"))[0, 0] == 0
+    assert verify_block(draft, *args, fuzzy=FuzzyAcceptance(torch.tensor([0.0]), "js"))[0, 0] == 1
+
+
 # -- the per-request plan -----------------------------------------------------------------
 
 

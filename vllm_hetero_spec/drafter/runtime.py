@@ -54,3 +54,35 @@ class DraftModelRuntime:
         for c, n in zip(caches, lengths):
             c.advance(n)
         return out.logits[0].float()
+
+    @torch.inference_mode()
+    def tree_forward(self, caches: list[RequestKVCache], parents: list[list[int]], tokens: list[list[int]]) -> list[torch.Tensor]:
+        """Evaluate token trees after each cache without committing them: node ``j + 1``
+        of request i adds ``tokens[i][j]`` to node ``parents[i][j]`` (node 0 is the cached
+        context; parents come first). Returns per request the float32 logits ``[n_i,
+        vocab]`` at each node beyond the context. The caches keep their length (the
+        tree's keys and values sit past it and are overwritten by the next append)."""
+        starts, lengths, trees, positions, ids = [], [], [], [], []
+        offset = 0
+        for cache, par, toks in zip(caches, parents, tokens):
+            n = len(toks)
+            anc = torch.zeros(n, n, dtype=torch.bool)
+            for j, parent in enumerate(par):
+                if parent > 0:
+                    anc[j] = anc[parent - 1]
+                anc[j, j] = True
+            trees.append(anc)
+            positions.append(cache.length + anc.sum(dim=1) - 1)
+            ids.extend(toks)
+            starts.append(offset)
+            lengths.append(n)
+            offset += n
+        batch = varlen_attention.PackedBatch(caches, starts, lengths, trees)
+        out = self.model(
+            input_ids=torch.tensor(ids, dtype=torch.long).unsqueeze(0),
+            position_ids=torch.cat(positions).unsqueeze(0),
+            use_cache=False,
+            packed_batch=batch,
+        )
+        logits = out.logits[0].float()
+        return [logits[s : s + n] for s, n in zip(starts, lengths)]

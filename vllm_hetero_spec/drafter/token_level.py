@@ -8,7 +8,12 @@ draft distribution q. They differ only in what the drafter may sample:
   request's temperature/top-k/top-p applied to that restricted distribution), so q is a
   proper distribution over target tokens. For ``fsd`` this also makes the divergence
   D(p, q) compare two distributions over the same tokens; the draft mass outside the
-  intersection is not compared, it is simply never drafted.
+  intersection is not compared, it is simply never drafted. A greedy ``fsd`` row hands
+  the verifier the drafter's untempered distribution instead of the one-hot it sampled
+  from: for greedy rows q only enters the divergence (acceptance is argmax equality),
+  and the target side of a greedy row is its untempered softmax too, so D compares the
+  two models rather than a one-hot with a distribution (which would make any tau below
+  ln 2 a no-op at temperature 0).
 - ``union`` samples from the drafter's full processed distribution. A sampled token the
   target lacks is proposed as :data:`ABSENT_PLACEHOLDER` and marked ``absent``: the
   verifier must reject it (p is 0 there in the union of the vocabularies) and emit a
@@ -45,7 +50,8 @@ class DraftStep:
         ids: ``[n]`` sampled draft ids.
         target_ids: ``[n]`` their target ids, :data:`ABSENT_PLACEHOLDER` where absent.
         absent: ``[n]`` bool, the sampled token has no target id (``union`` only).
-        target_q: ``[n, target_vocab]`` q carried onto the target vocabulary.
+        target_q: ``[n, target_vocab]`` q carried onto the target vocabulary (for greedy
+            ``fsd`` rows: the untempered model distribution, see the module docstring).
     """
 
     q: torch.Tensor
@@ -65,4 +71,9 @@ def draft_step(logits: torch.Tensor, rows: SamplingRows, inter: VocabIntersectio
     mapped = inter.draft_to_target[ids]
     absent = mapped < 0
     target_ids = mapped.masked_fill(absent, ABSENT_PLACEHOLDER)
-    return DraftStep(q, ids, target_ids, absent, inter.to_target_probs(q))
+    verify_q = q
+    greedy = rows.greedy
+    if algorithm == "fsd" and bool(greedy.any()):
+        model_q = logits.float().masked_fill(~inter.draft_mask, float("-inf")).softmax(dim=-1)
+        verify_q = torch.where(greedy.unsqueeze(1), model_q, q)
+    return DraftStep(q, ids, target_ids, absent, inter.to_target_probs(verify_q))

@@ -22,11 +22,18 @@ BACKEND_NAME = "hetero_varlen"
 
 @dataclass
 class PackedBatch:
-    """Where each request's new tokens sit in the packed row, and its cache."""
+    """Where each request's new tokens sit in the packed row, and its cache.
+
+    ``trees`` (optional, per request) makes the new tokens a token *tree* rather than a
+    sequence: ``trees[i]`` is ``[n_i, n_i]`` bool, entry ``[a, b]`` true when new token b
+    is token a or one of its ancestors. Each new token then sees the whole cache plus
+    its own ancestors, so many branches from one context run in one forward.
+    """
 
     caches: list[RequestKVCache]
     starts: list[int]
     lengths: list[int]
+    trees: list[torch.Tensor] | None = None
 
 
 def _mask(n_new: int, n_total: int, window: int | None) -> torch.Tensor | None:
@@ -39,6 +46,17 @@ def _mask(n_new: int, n_total: int, window: int | None) -> torch.Tensor | None:
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= k_pos > q_pos - window
+    return allowed
+
+
+def _tree_mask(ancestors: torch.Tensor, n_cached: int, positions: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Mask for tree tokens at ``positions`` (their depth after the cache) over the cache
+    plus the tree: every cached key, then the token's ancestors and itself."""
+    n = ancestors.shape[0]
+    allowed = torch.cat([torch.ones(n, n_cached, dtype=torch.bool), ancestors], dim=1)
+    if window is not None:
+        k_pos = torch.cat([torch.arange(n_cached), positions])
+        allowed &= k_pos.unsqueeze(0) > positions.unsqueeze(1) - window
     return allowed
 
 
@@ -60,10 +78,15 @@ def varlen_attention(
     layer = module.layer_idx
     window = sliding_window if sliding_window else None
     out = torch.empty(query.shape[2], query.shape[1], query.shape[3], dtype=query.dtype)
-    for cache, start, n in zip(packed_batch.caches, packed_batch.starts, packed_batch.lengths):
+    trees = packed_batch.trees
+    for i, (cache, start, n) in enumerate(zip(packed_batch.caches, packed_batch.starts, packed_batch.lengths)):
         k, v = cache.append(layer, key[0, :, start : start + n], value[0, :, start : start + n])
         q = query[0, :, start : start + n]
-        mask = _mask(n, k.shape[1], window)
+        if trees is None:
+            mask = _mask(n, k.shape[1], window)
+        else:
+            depth = trees[i].sum(dim=1) - 1
+            mask = _tree_mask(trees[i], cache.length, cache.length + depth, window)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scaling, enable_gqa=True
         )

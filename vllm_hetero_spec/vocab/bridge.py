@@ -23,7 +23,11 @@ def _with_specials(tokenizer: PreTrainedTokenizerBase, table: list[bytes | None]
 
 @dataclass
 class VocabBridge:
-    """Tokenizers, per-token bytes and the shared vocabulary of a draft/target pair."""
+    """Tokenizers, per-token bytes and the shared vocabulary of a draft/target pair.
+
+    ``*_bytes`` are the text of each id, ``None`` for control tokens; the encoders'
+    tables instead spell control tokens literally (see :func:`_with_specials`).
+    """
 
     draft_tokenizer: PreTrainedTokenizerBase
     target_tokenizer: PreTrainedTokenizerBase
@@ -31,6 +35,8 @@ class VocabBridge:
     draft_encoder: TokenEncoder
     target_encoder: TokenEncoder
     same_vocab: bool
+    draft_bytes: list[bytes | None]
+    target_bytes: list[bytes | None]
 
     @classmethod
     def build(cls, draft_tokenizer: str, target_tokenizer: str, draft_vocab: int, target_vocab: int) -> "VocabBridge":
@@ -48,6 +54,8 @@ class VocabBridge:
             TokenEncoder(d_tok, _with_specials(d_tok, d_bytes)),
             TokenEncoder(t_tok, _with_specials(t_tok, t_bytes)),
             same,
+            d_bytes,
+            t_bytes,
         )
 
     @property

@@ -1,0 +1,154 @@
+"""``slrs``'s first proposal of a step, for every sampling request of the batch at once.
+
+Per request: the drafter's distribution at the context ranks the likely first target
+tokens (candidates); those whose psi fits the step's budget of drafter evaluations form
+C; one tree-masked forward evaluates the union of their nodes for the whole batch;
+psi on C (:mod:`drafter.string_level`) is renormalized, the first target token is
+sampled from it, and that same row is what the verifier gets as q. The drafter then
+continues from that token's text (the caller's ordinary draft loop), and the later
+positions are verified one-hot (exact for any proposal), so the step stays lossless.
+A request whose C is empty (every candidate over budget) drafts as ``slem`` this step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
+from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
+from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs
+from vllm_hetero_spec.drafter.string_level import PsiPlanner, StepTree, build_tree, evaluate
+from vllm_hetero_spec.vocab.retokenize import TokenEncoder
+from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
+
+
+@dataclass
+class FirstTokens:
+    """The step's first proposals (``None`` where the request falls back to ``slem``).
+
+    Attributes:
+        target_ids: the sampled first target token per request.
+        draft_ids: the draft tokens spelling it (empty for EOS), to continue from.
+        q_rows: ``[target_vocab]`` the distribution it was sampled from.
+        nodes: drafter evaluations spent beyond the contexts.
+        capped: candidates left out by the budget.
+        coverage: per request with a proposal, the drafter's mass on C.
+    """
+
+    target_ids: list[int | None]
+    draft_ids: list[list[int]]
+    q_rows: list[torch.Tensor | None]
+    nodes: int = 0
+    capped: int = 0
+    coverage: list[float] = field(default_factory=list)
+
+
+class StringLevelProposer:
+    """Holds the vocabulary structures of one pair and proposes first tokens."""
+
+    def __init__(
+        self,
+        draft_bytes: list[bytes | None],
+        target_bytes: list[bytes | None],
+        target_encoder: TokenEncoder,
+        target_eos: int | None,
+        target_vocab: int,
+        max_nodes: int,
+        num_candidates: int,
+    ):
+        self.draft = SortedStrings(draft_bytes)
+        self.target = SortedStrings(target_bytes)
+        self.planner = PsiPlanner(self.draft, self.target, max_nodes)
+        self.order = torch.from_numpy(self.draft.order)
+        self.draft_bytes = draft_bytes
+        self.target_bytes = target_bytes
+        self.textless = torch.tensor([not b for b in draft_bytes], dtype=torch.bool)
+        self.target_encoder = target_encoder
+        self.target_eos = target_eos
+        self.target_vocab = target_vocab
+        self.max_nodes = max_nodes
+        self.num_candidates = num_candidates
+        self._canonical: dict[bytes, int] = {}
+
+    def canonical_id(self, text: bytes) -> int:
+        """The target id for a string several ids spell (e.g. a byte-fallback token and a
+        normal one): the one the target tokenizer itself produces for it."""
+        tid = self._canonical.get(text)
+        if tid is None:
+            ids = self.target.ids[text]
+            tid = ids[0]
+            if len(ids) > 1:
+                enc = self.target_encoder.encode(text)
+                tid = enc[0] if len(enc) == 1 and enc[0] in ids else ids[-1]
+            self._canonical[text] = tid
+        return tid
+
+    def candidates(self, q_root: torch.Tensor) -> list[tuple[int, bytes]]:
+        """Likely first target tokens, most likely first: the longest target token each
+        of the drafter's most probable tokens starts with, ranked by their summed mass.
+        A function of the drafter's distribution at the context, never of its sample."""
+        top = torch.topk(q_root, min(4 * self.num_candidates, q_root.numel()))
+        mass: dict[bytes, float] = {}
+        for v, m in zip(top.indices.tolist(), top.values.tolist()):
+            text = self.draft_bytes[v]
+            if m <= 0 or not text:
+                continue
+            lead = self.target.longest_prefix(text)
+            if lead is not None:
+                mass[lead] = mass.get(lead, 0.0) + m
+        ranked = sorted(mass, key=lambda b: -mass[b])[: self.num_candidates]
+        return [(self.canonical_id(b), b) for b in ranked]
+
+    def propose(
+        self, runtime: DraftModelRuntime, caches: list[RequestKVCache], root_logits: torch.Tensor, rows: SamplingRows
+    ) -> FirstTokens:
+        """First proposals for requests whose drafter has just evaluated its context
+        (``root_logits`` ``[n, draft_vocab]``, caches committed up to the context)."""
+        n = len(caches)
+        q_root = processed_probs(root_logits, rows)
+        trees: list[StepTree] = []
+        capped = 0
+        for i in range(n):
+            tree, skipped = build_tree(self.planner, self.candidates(q_root[i]), self.max_nodes)
+            trees.append(tree)
+            capped += skipped
+        grown = [i for i in range(n) if len(trees[i].paths) > 1]
+        node_logits = runtime.tree_forward(
+            [caches[i] for i in grown], [trees[i].parents for i in grown], [trees[i].tokens for i in grown]
+        ) if grown else []
+        node_q = {i: logits for i, logits in zip(grown, node_logits)}
+        out = FirstTokens([None] * n, [[] for _ in range(n)], [None] * n, sum(len(t.paths) - 1 for t in trees), capped)
+        for i in range(n):
+            q = q_root[i : i + 1]
+            if i in node_q:
+                m = node_q[i].shape[0]
+                sub = SamplingRows(
+                    rows.temperature[i].repeat(m), rows.top_k[i].repeat(m), rows.top_p[i].repeat(m), [None] * m
+                )
+                q = torch.cat([q, processed_probs(node_q[i], sub)])
+            ids = list(trees[i].candidates)
+            psi = evaluate(trees[i], q, self.order)
+            if self.target_eos is not None:
+                ids.append(self.target_eos)
+                psi = torch.cat([psi, q_root[i][self.textless].double().sum().reshape(1)])
+            total = float(psi.sum())
+            if total <= 0:
+                continue
+            row = torch.zeros(self.target_vocab, dtype=torch.float64)
+            row.index_add_(0, torch.tensor(ids, dtype=torch.long), psi / total)
+            row32 = row.float()  # sampled from and verified against: the very same tensor
+            pick = _draw(row32, rows.generators[i])
+            out.target_ids[i] = pick
+            out.q_rows[i] = row32
+            out.coverage.append(total)
+            text = self.target_bytes[pick]
+            out.draft_ids[i] = (self.draft.segment(text) or []) if text else []
+        return out
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One sample of ``probs`` (exponential race, the request's generator if seeded)."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return int((probs / noise).argmax())
