@@ -9,6 +9,11 @@ Drafting runs through the engine's own code -- ``drafter.token_level.draft_step`
 token), and for ``slem`` / ``dtw`` (lossless) the draft text re-tokenized into target
 tokens and verified one-hot (both verify exactly that way; dtw only aligns differently).
 
+``slrs`` proposes its first target token from psi on C, computed by the engine's own
+``StringLevelProposer`` (with a work cap and pruning small enough to bite) over the
+drafter's tree of segmentations, then the re-tokenized text the drafter writes after it,
+verified one-hot.
+
 Each case verifies N independent blocks of K = 3 drafts in one batched call. Losslessness
 means: the first emitted token follows the target's first distribution, and at every
 later position i (bonus token included), given that the block reached i and the token
@@ -23,7 +28,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
+from vllm_hetero_spec.drafter.slrs import StringLevelProposer
 from vllm_hetero_spec.drafter.token_level import draft_step
 from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES, divergence
 from vllm_hetero_spec.verify.rules import PLACEHOLDER, FuzzyAcceptance, verify_block
@@ -172,11 +179,12 @@ def _retokenize(chars: torch.Tensor, lengths: torch.Tensor, target: list[str]) -
     return out, (out != PLACEHOLDER).sum(1)
 
 
-def draft_retokenized(pair: Pair, sampling: Sampling) -> Block:
-    """slem / dtw (lossless): K draft tokens, their text up to the first special,
-    re-tokenized with the target vocabulary, verified one-hot."""
+def draft_retokenized(pair: Pair, sampling: Sampling, ctx: torch.Tensor | None = None) -> Block:
+    """slem / dtw (lossless): K draft tokens (after the prompt, or after the draft token
+    ``ctx`` per row), their text up to the first special, re-tokenized with the target
+    vocabulary, verified one-hot."""
     rows = sampling.rows(N)
-    ctx = torch.full((N,), pair.start_d)
+    ctx = torch.full((N,), pair.start_d) if ctx is None else ctx
     draws = []
     for _ in range(K):
         ctx = sample(processed_probs(pair.draft_logits[ctx], rows), rows)
@@ -196,8 +204,50 @@ def draft_retokenized(pair: Pair, sampling: Sampling) -> Block:
     return Block(ids, num, None, None)
 
 
+class MarkovDrafter:
+    """Stands in for the draft model's tree forward: this drafter's next-token logits
+    depend only on the last draft token."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+
+    def grow_trees(self, caches, trees, parents, tokens) -> list[torch.Tensor]:
+        return [self.logits[torch.tensor(t)] for t in tokens]
+
+
+def draft_slrs(pair: Pair, sampling: Sampling) -> Block:
+    """slrs: the first target token drawn from the psi table the engine computes (one
+    context, so one table for all N rows), then the drafter's re-tokenized text after it."""
+    proposer = StringLevelProposer(
+        _encode(pair.draft), _encode(pair.target), None, None, len(pair.target), max_nodes=6, num_candidates=4,
+        min_prob=0.01,
+    )
+    first = proposer.propose(
+        MarkovDrafter(pair.draft_logits), [RequestKVCache(1, 1, 1, torch.float32)],
+        pair.draft_logits[pair.start_d].unsqueeze(0), sampling.rows(1),
+    )
+    q0 = first.q_rows[0]
+    assert q0 is not None and 0 < int((q0 > 0).sum()) < len(pair.target), "psi covers a strict subset here"
+    t1 = torch.multinomial(q0, N, replacement=True)
+    spelled = [proposer.draft.segment(s.encode()) for s in pair.target]
+    last = torch.tensor([ids[-1] if ids else pair.start_d for ids in spelled])[t1]
+    rest = draft_retokenized(pair, sampling, ctx=last)
+    ids = torch.cat([t1.unsqueeze(1), rest.ids[:, : K - 1]], 1)
+    num = 1 + rest.num_draft.clamp(max=K - 1)
+    probs = torch.zeros(N, K, len(pair.target))
+    probs[:, 0] = q0
+    valid = torch.arange(K).unsqueeze(0) < num.unsqueeze(1)
+    probs.scatter_(2, ids.clamp(min=0).unsqueeze(2), valid.unsqueeze(2).float())
+    probs[:, 0] = q0
+    return Block(ids, num, probs, None)
+
+
 def draft_block(pair: Pair, algorithm: str, sampling: Sampling) -> Block:
-    return draft_retokenized(pair, sampling) if algorithm == "slem" else draft_token_level(pair, algorithm, sampling)
+    if algorithm == "slem":
+        return draft_retokenized(pair, sampling)
+    if algorithm == "slrs":
+        return draft_slrs(pair, sampling)
+    return draft_token_level(pair, algorithm, sampling)
 
 
 def verify(pair: Pair, block: Block, fuzzy: FuzzyAcceptance | None = None) -> torch.Tensor:
@@ -241,7 +291,7 @@ CASES = {
     "zeros": Sampling(temperature=1.3),
     "disjoint": Sampling(),
 }
-LOSSLESS = ["slem", "tli", "union", "fsd"]
+LOSSLESS = ["slem", "tli", "union", "fsd", "slrs"]
 
 
 # tli and fsd draft only shared tokens: a disjoint pair has none, and start-up refuses
@@ -263,9 +313,10 @@ def test_block_follows_target(case: str, algorithm: str) -> None:
         assert_follows(out[:, 0], pair.target_probs[pair.start_t])
         return
     pvalues = position_pvalues(pair, out)
-    # slem accepts rarely at T > 0, so few blocks reach the position after K accepted
-    # drafts; its bonus tokens are still tested at earlier positions (short proposals).
-    tested = K if algorithm == "slem" else K + 1
+    # slem (and slrs after its first token) accepts rarely at T > 0, so few blocks reach
+    # the position after K accepted drafts; their bonus tokens are still tested at
+    # earlier positions (short proposals).
+    tested = K if algorithm in ("slem", "slrs") else K + 1
     assert sorted(pvalues)[:tested] == list(range(tested)), f"positions with too little data: {pvalues}"
     assert min(pvalues.values()) > ALPHA, f"emitted tokens differ from the target at some position: {pvalues}"
 

@@ -13,7 +13,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from vllm_hetero_spec.drafter.string_level import PsiPlanner, build_tree, evaluate
+from vllm_hetero_spec.drafter.string_level import PsiPlanner, TreeBuilder
 from vllm_hetero_spec.verify.rules import verify_block
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
 
@@ -66,11 +66,13 @@ def brute_force_psi() -> torch.Tensor:
     return psi
 
 
-def planned_psi(budget: int, candidates: list[int]) -> tuple[list[int], torch.Tensor]:
-    planner = PsiPlanner(SortedStrings(DRAFT), SortedStrings(TARGET), max_nodes=budget)
-    tree, _ = build_tree(planner, [(t, TARGET[t]) for t in candidates], budget)
-    q = torch.stack([draft_q(p) for p in tree.paths]).float()
-    return tree.candidates, evaluate(tree, q, torch.from_numpy(planner.draft.order))
+def planned_psi(budget: int, candidates: list[int], min_prob: float = 0.0) -> tuple[list[int], torch.Tensor]:
+    """psi as the engine computes it: level by level through a TreeBuilder."""
+    planner = PsiPlanner(SortedStrings(DRAFT), SortedStrings(TARGET))
+    builder = TreeBuilder(planner, [(t, TARGET[t]) for t in candidates], budget, min_prob, draft_q(()).float())
+    while front := builder.frontier():
+        builder.add(torch.stack([draft_q(builder.paths[node] + (v,)) for node, v in front]).float())
+    return builder.psi(torch.from_numpy(planner.draft.order))
 
 
 def test_sorted_strings_answers_prefix_questions() -> None:
@@ -120,6 +122,21 @@ def test_budget_keeps_only_complete_candidates() -> None:
     assert 0 < len(ids) < len(TARGET)
     for tid, value in zip(ids, psi):
         assert abs(float(value) - float(full[full_ids.index(tid)])) < 1e-7  # exact, not truncated
+
+
+def test_pruned_paths_cost_at_most_their_probability() -> None:
+    """With min_prob, psi(y) moves by at most what the skipped paths carry (each below
+    min_prob, at most one per node of the exact tree), and fewer nodes are evaluated."""
+    exact_ids, exact = planned_psi(10_000, list(range(len(TARGET))))
+    planner = PsiPlanner(SortedStrings(DRAFT), SortedStrings(TARGET))
+    for min_prob in (0.01, 0.05):
+        ids, psi = planned_psi(10_000, list(range(len(TARGET))), min_prob)
+        assert ids == exact_ids
+        full = TreeBuilder(planner, [(t, TARGET[t]) for t in ids], 10_000, 0.0, draft_q(()).float())
+        while front := full.frontier():
+            full.add(torch.stack([draft_q(full.paths[node] + (v,)) for node, v in front]).float())
+        assert float((psi - exact).abs().max()) <= min_prob * full.num_nodes
+        assert float((psi - exact).abs().max()) > 0
 
 
 @pytest.mark.parametrize("budget", [10_000, 4, 1])

@@ -27,7 +27,7 @@ from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES
 METHOD = "hetero"
 ADDITIONAL_CONFIG_KEY = "hetero_spec"
 PROPOSER_CLASS = "vllm_hetero_spec.proposer.HeteroProposer"
-ALGORITHMS = ("slem", "tli", "dtw", "union", "fsd")
+ALGORITHMS = ("slem", "tli", "dtw", "union", "fsd", "slrs")
 DTW_VERIFY = ("lossless", "faithful")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -43,8 +43,9 @@ class HeteroSettings:
     Attributes:
         algorithm: one of :data:`ALGORITHMS`: ``slem`` (string-level exact match),
             ``tli`` (token-level intersection with probabilistic drafting), ``dtw``
-            (TokenTiming), ``union`` (the union-of-vocabularies baseline) or ``fsd``
-            (fuzzy speculative decoding, lossy by design).
+            (TokenTiming), ``union`` (the union-of-vocabularies baseline), ``fsd``
+            (fuzzy speculative decoding, lossy by design) or ``slrs`` (string-level
+            rejection sampling of the first target token).
         draft_model: resolved path of the draft model folder.
         draft_tokenizer: path of the draft tokenizer (defaults to the model's).
         num_speculative_tokens: k, the most target tokens proposed per step.
@@ -66,6 +67,11 @@ class HeteroSettings:
             overrides it with ``SamplingParams(extra_args={"fsd_threshold": x})``.
         fsd_divergence: ``fsd``: D, one of ``verify.divergence.DIVERGENCE_NAMES``.
         fsd_topk: ``fsd``: k of the ``*_topk`` divergences.
+        slrs_max_nodes: ``slrs``: drafter evaluations per request per step for psi (the
+            work cap); candidates whose psi does not fit are left out of C.
+        slrs_candidates: ``slrs``: first-target-token candidates considered per step.
+        slrs_min_prob: ``slrs``: psi leaves out segmentations whose first draft token has
+            less than this probability at the context (0 = exact psi).
     """
 
     algorithm: str
@@ -82,6 +88,9 @@ class HeteroSettings:
     fsd_threshold: float = 0.1
     fsd_divergence: str = "js"
     fsd_topk: int = 10
+    slrs_max_nodes: int = 32
+    slrs_candidates: int = 8
+    slrs_min_prob: float = 1e-3
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -94,6 +103,7 @@ class HeteroSettings:
 HETERO_KEYS = (
     "algorithm", "draft_tokenizer", "max_draft_tokens", "lookbehind", "draft_dtype", "min_shared_tokens",
     "draft_stop_prob", "dtw_window", "dtw_verify", "fsd_threshold", "fsd_divergence", "fsd_topk",
+    "slrs_max_nodes", "slrs_candidates", "slrs_min_prob",
 )
 FSD_THRESHOLD_ARG = "fsd_threshold"
 
@@ -201,6 +211,11 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
             f"'fsd_threshold' must be a finite number >= 0, got {fsd_threshold!r}; set it to e.g. 0.1 "
             "(0 makes fsd verify losslessly)"
         )
+    slrs_min_prob = spec.pop("slrs_min_prob", 1e-3)
+    if isinstance(slrs_min_prob, bool) or not isinstance(slrs_min_prob, (int, float)) or not 0.0 <= slrs_min_prob < 1.0:
+        raise HeteroConfigError(
+            f"'slrs_min_prob' must be a number in [0, 1), got {slrs_min_prob!r}; e.g. 0.001, or 0 for exact psi"
+        )
     fsd_divergence = spec.pop("fsd_divergence", "js")
     if fsd_divergence not in DIVERGENCE_NAMES:
         raise HeteroConfigError(
@@ -221,8 +236,11 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
         fsd_threshold=float(fsd_threshold),
         fsd_divergence=fsd_divergence,
         fsd_topk=_int(spec, "fsd_topk", 10, 1),
+        slrs_max_nodes=_int(spec, "slrs_max_nodes", 32, 0),
+        slrs_candidates=_int(spec, "slrs_candidates", 8, 1),
+        slrs_min_prob=float(slrs_min_prob),
     )
-    for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens", "dtw_window", "fsd_topk"):
+    for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens", "dtw_window", "fsd_topk", "slrs_max_nodes", "slrs_candidates"):
         spec.pop(key, None)
     spec.pop("method")
     vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS, **spec}

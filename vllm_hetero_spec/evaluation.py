@@ -58,7 +58,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
     Keys: target, prompts, max_tokens, temperature, seed, speculative_config (or None),
     dtype, max_model_len, batch_size (requests submitted at once; default all),
-    warmup (default True).
+    warmup (default True), stop (strings that end a request's output; default none).
     """
     from vllm import LLM, SamplingParams
 
@@ -84,6 +84,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             top_k=job.get("top_k", 0),
             seed=None if seeds is None else seeds[i],
             ignore_eos=job.get("ignore_eos", False),
+            stop=job.get("stop"),
         )
 
     if job.get("warmup", True):
@@ -102,6 +103,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         prev = before.get(name)
         return _counter(after, name) - (float(getattr(prev, "value", 0) or 0) if prev else 0.0)
 
+    per_pos: dict[int, float] = {}
+    for m in after:
+        if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            before_pos = before.get(m.name)
+            prev = list(getattr(before_pos, "values", []) or []) if before_pos else []
+            for i, v in enumerate(getattr(m, "values", []) or []):
+                per_pos[i] = per_pos.get(i, 0.0) + v - (prev[i] if i < len(prev) else 0.0)
     drafts = delta("vllm:spec_decode_num_drafts")
     draft_tokens = delta("vllm:spec_decode_num_draft_tokens")
     accepted = delta("vllm:spec_decode_num_accepted_tokens")
@@ -117,6 +125,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         "num_accepted_tokens": accepted,
         "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "acceptance_per_position": [per_pos[i] / drafts for i in sorted(per_pos)] if drafts else None,
     }
     drafter = _find_drafter(llm)
     stats = getattr(drafter, "stats", None)

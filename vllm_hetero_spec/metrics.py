@@ -37,6 +37,9 @@ COUNTERS: dict[str, str] = {
     "realign_mismatches": "Re-tokenizations whose draft-side tokens diverged from the cached ones",
     "fallbacks": "Steps where drafting failed and the batch ran without drafts",
     "undrafted_requests": "Request-steps with nothing to draft from (e.g. an incomplete UTF-8 character)",
+    "slrs_tree_nodes": "slrs: drafter evaluations spent computing psi (beyond the contexts)",
+    "slrs_capped_candidates": "slrs: first-token candidates left out of C by the work cap (slrs_max_nodes)",
+    "slrs_uncovered_requests": "slrs: sampling request-steps whose C was empty, drafted as slem instead",
 }
 #: name -> help; exported as ``hetero:<name>``.
 GAUGES: dict[str, str] = {

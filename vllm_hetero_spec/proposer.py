@@ -6,7 +6,8 @@ request's draft-side tokenization as text (look-behind realignment, KV rollback)
 (2) run the drafter for all requests at once, and (3) hand back target-vocabulary
 proposals -- re-tokenized draft text for ``slem`` and ``dtw``, intersection-mapped ids
 with their exact draft distribution for the token-level algorithms (``tli``, ``fsd``,
-``union``). What verification needs beyond vLLM's draft-probability slot (``union``'s
+``union``), and for ``slrs`` a first target token sampled from the drafter's
+string-level law psi (``drafter/slrs.py``) followed by re-tokenized draft text. What verification needs beyond vLLM's draft-probability slot (``union``'s
 forced rejections, ``fsd``'s per-request threshold) is kept as a :class:`VerifyPlan`
 that the rejection sampler collects through :meth:`HeteroProposer.verify_inputs`.
 """
@@ -29,6 +30,7 @@ from vllm_hetero_spec.dtw import transfer_probs
 from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
+from vllm_hetero_spec.drafter.slrs import StringLevelProposer
 from vllm_hetero_spec.drafter.token_level import RESTRICTED, TOKEN_LEVEL, draft_step
 from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.verify.plan import VerifyPlan
@@ -75,6 +77,9 @@ class ProposerStats:
     realign_mismatches: int = 0
     fallbacks: int = 0
     undrafted: int = 0
+    slrs_nodes: int = 0
+    slrs_capped: int = 0
+    slrs_uncovered: int = 0
 
     def as_metrics(self) -> dict[str, float]:
         """The counters under their ``hetero:*`` metric names (see ``metrics.COUNTERS``)."""
@@ -86,6 +91,9 @@ class ProposerStats:
             "realign_mismatches": self.realign_mismatches,
             "fallbacks": self.fallbacks,
             "undrafted_requests": self.undrafted,
+            "slrs_tree_nodes": self.slrs_nodes,
+            "slrs_capped_candidates": self.slrs_capped,
+            "slrs_uncovered_requests": self.slrs_uncovered,
         }
 
 
@@ -125,6 +133,18 @@ class HeteroProposer:
             tid for tid, b in enumerate(self.bridge.draft_encoder.token_bytes) if b is None
         } | set(self.bridge.draft_tokenizer.all_special_ids)
         self._target_eos = self.bridge.target_tokenizer.eos_token_id
+        self.string_level = None
+        if self.settings.algorithm == "slrs":
+            self.string_level = StringLevelProposer(
+                self.bridge.draft_bytes,
+                self.bridge.target_bytes,
+                self.bridge.target_encoder,
+                self._target_eos,
+                target_vocab,
+                self.settings.slrs_max_nodes,
+                self.settings.slrs_candidates,
+                self.settings.slrs_min_prob,
+            )
         logger.info(
             "hetero spec: algorithm=%s k=%d draft=%s; shared tokens=%d",
             self.settings.algorithm,
@@ -212,7 +232,9 @@ class HeteroProposer:
         active = [row for row, ok in zip(rows, ready) if ok]
         self.stats.undrafted += len(rows) - len(active)
         t1 = time.perf_counter()
-        draft = self._draft([req_ids[r] for r in active])
+        first = self._first_tokens([req_ids[r] for r in active]) if self.string_level is not None else {}
+        drafting = [r for r in active if first.get(req_ids[r], (0, None, True))[2]]
+        draft = self._draft([req_ids[r] for r in drafting])
         t2 = time.perf_counter()
         out: list[list[int]] = [[] for _ in req_ids]
         if self.settings.algorithm in TOKEN_LEVEL:
@@ -230,10 +252,14 @@ class HeteroProposer:
             self._last_probs = full
             self._plan = plan
         else:
-            for row, ids in zip(active, self._to_target([req_ids[r] for r in active], draft.ids)):
+            drafted = dict(zip(drafting, draft.ids))
+            proposals = self._to_target([req_ids[r] for r in active], [drafted.get(r, []) for r in active], first)
+            for row, ids in zip(active, proposals):
                 out[row] = ids
             if self.settings.algorithm == "dtw" and self.settings.dtw_verify == "faithful":
                 self._last_probs = self._dtw_probs(active, draft, out, len(req_ids))
+            if self.string_level is not None:
+                self._last_probs = self._first_token_probs(req_ids, out, first)
         t3 = time.perf_counter()
         self.stats.steps += 1
         self.stats.bridge_s += (t1 - t0) + (t3 - t2)
@@ -370,21 +396,76 @@ class HeteroProposer:
             return DraftOutput(proposals, token_q, [torch.stack(p) if p else torch.empty(0) for p in probs], absent)
         return DraftOutput(drafts, token_q, [], absent)
 
-    def _to_target(self, req_ids: list[str], drafts: list[list[int]]) -> list[list[int]]:
-        """slem/dtw: re-tokenize each request's draft text with the target tokenizer
-        (one batched call); a draft ending in a special token ends in the target's EOS."""
+    def _to_target(
+        self, req_ids: list[str], drafts: list[list[int]], first: dict[str, tuple[int, torch.Tensor, bool]] | None = None
+    ) -> list[list[int]]:
+        """slem/dtw/slrs: re-tokenize each request's draft text with the target tokenizer
+        (one batched call per proposal budget); a draft ending in a special token ends in
+        the target's EOS. A request with an ``slrs`` first token proposes it, then the
+        re-tokenized text drafted after it."""
+        first = first or {}
         enc = self.bridge.draft_encoder
-        texts, stops = [], []
-        for ids in drafts:
-            stop = bool(ids) and ids[-1] in self._draft_specials
-            texts.append(b"".join(enc.bytes_of(t) for t in (ids[:-1] if stop else ids)))
-            stops.append(stop)
-        tails = [self.states[r].target_tail for r in req_ids]
-        outs = propose_continuations(self.bridge.target_encoder, tails, texts, self.k)
-        for out, stop in zip(outs, stops):
-            if stop and len(out) < self.k and self._target_eos is not None:
-                out.append(self._target_eos)
+        outs: list[list[int]] = [[] for _ in req_ids]
+        for budget in (self.k, self.k - 1):
+            group = [i for i, r in enumerate(req_ids) if (r in first) == (budget < self.k)]
+            texts, stops, tails = [], [], []
+            for i in group:
+                ids = drafts[i]
+                stop = bool(ids) and ids[-1] in self._draft_specials
+                texts.append(b"".join(enc.bytes_of(t) for t in (ids[:-1] if stop else ids)))
+                stops.append(stop)
+                lead = [first[req_ids[i]][0]] if req_ids[i] in first else []
+                tails.append(self.states[req_ids[i]].target_tail + lead)
+            conts = propose_continuations(self.bridge.target_encoder, tails, texts, budget) if group else []
+            for i, cont, stop in zip(group, conts, stops):
+                if stop and len(cont) < budget and self._target_eos is not None:
+                    cont.append(self._target_eos)
+                outs[i] = ([first[req_ids[i]][0]] if req_ids[i] in first else []) + cont
         return outs
+
+    def _first_tokens(self, req_ids: list[str]) -> dict[str, tuple[int, torch.Tensor, bool]]:
+        """slrs: for each sampling request (greedy ones verify by argmax, where psi
+        plays no part, and draft as slem), the first target token sampled from psi on
+        C, that distribution, and whether drafting continues after it (not after EOS or
+        a token the draft vocabulary cannot spell). Its draft tokens are appended to
+        the request's draft so the draft loop continues from its text."""
+        rows = self._sampling_rows(req_ids)
+        sampled = [i for i in range(len(req_ids)) if not bool(rows.greedy[i])]
+        if not sampled:
+            return {}
+        states = [self.states[req_ids[i]] for i in sampled]
+        caches = [s.cache for s in states]
+        pending = [s.draft.ids[s.cache.length :].tolist() for s in states]
+        logits = self.runtime.forward(caches, pending)[:, : len(self.bridge.draft_bytes)]
+        sub = SamplingRows(
+            rows.temperature[sampled], rows.top_k[sampled], rows.top_p[sampled], [rows.generators[i] for i in sampled]
+        )
+        result = self.string_level.propose(self.runtime, caches, logits, sub)
+        self.stats.slrs_nodes += result.nodes
+        self.stats.slrs_capped += result.capped
+        first = {}
+        for j, i in enumerate(sampled):
+            tid, q = result.target_ids[j], result.q_rows[j]
+            if tid is None:
+                self.stats.slrs_uncovered += 1
+                continue
+            for tok in result.draft_ids[j]:
+                states[j].draft.append_drafted(tok)
+            first[req_ids[i]] = (tid, q, bool(result.draft_ids[j]))
+        return first
+
+    def _first_token_probs(
+        self, req_ids: list[str], proposals: list[list[int]], first: dict[str, tuple[int, torch.Tensor, bool]]
+    ) -> torch.Tensor:
+        """slrs's q block: psi on C at a first token drawn from it, one-hot elsewhere
+        (slem's rule, exact for any proposal)."""
+        full = torch.zeros(len(req_ids), self.k, self.target_vocab)
+        for row, (req_id, ids) in enumerate(zip(req_ids, proposals)):
+            if ids:
+                full[row, torch.arange(len(ids)), torch.tensor(ids)] = 1.0
+            if req_id in first:
+                full[row, 0] = first[req_id][1]
+        return full
 
     def _dtw_probs(self, active: list[int], draft: DraftOutput, proposals: list[list[int]], n_rows: int) -> torch.Tensor:
         """TokenTiming's transfer: align each request's draft tokens with its proxy

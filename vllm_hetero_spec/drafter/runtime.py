@@ -56,33 +56,34 @@ class DraftModelRuntime:
         return out.logits[0].float()
 
     @torch.inference_mode()
-    def tree_forward(self, caches: list[RequestKVCache], parents: list[list[int]], tokens: list[list[int]]) -> list[torch.Tensor]:
-        """Evaluate token trees after each cache without committing them: node ``j + 1``
-        of request i adds ``tokens[i][j]`` to node ``parents[i][j]`` (node 0 is the cached
-        context; parents come first). Returns per request the float32 logits ``[n_i,
-        vocab]`` at each node beyond the context. The caches keep their length (the
-        tree's keys and values sit past it and are overwritten by the next append)."""
-        starts, lengths, trees, positions, ids = [], [], [], [], []
-        offset = 0
-        for cache, par, toks in zip(caches, parents, tokens):
-            n = len(toks)
-            anc = torch.zeros(n, n, dtype=torch.bool)
-            for j, parent in enumerate(par):
-                if parent > 0:
-                    anc[j] = anc[parent - 1]
-                anc[j, j] = True
-            trees.append(anc)
-            positions.append(cache.length + anc.sum(dim=1) - 1)
+    def grow_trees(
+        self, caches: list[RequestKVCache], trees: list[varlen_attention.TokenTree], parents: list[list[int]],
+        tokens: list[list[int]],
+    ) -> list[torch.Tensor]:
+        """Add ``tokens[i]`` under ``parents[i]`` to ``trees[i]`` (see
+        :meth:`TokenTree.grow`; each non-empty) and return per request the float32
+        logits ``[len(tokens[i]), vocab]`` at the new nodes. The caches' committed
+        lengths are unchanged."""
+        starts, lengths, positions, ids = [], [], [], []
+        for cache, tree, par, toks in zip(caches, trees, parents, tokens):
+            if cache.length != tree.context:
+                raise ValueError("a token tree must hang from its cache's committed length")
+            tree.grow(par)
+            positions.append(tree.positions()[-len(toks) :])
+            starts.append(len(ids))
+            lengths.append(len(toks))
             ids.extend(toks)
-            starts.append(offset)
-            lengths.append(n)
-            offset += n
+            cache.length = tree.context + tree.depth.numel() - len(toks)
         batch = varlen_attention.PackedBatch(caches, starts, lengths, trees)
-        out = self.model(
-            input_ids=torch.tensor(ids, dtype=torch.long).unsqueeze(0),
-            position_ids=torch.cat(positions).unsqueeze(0),
-            use_cache=False,
-            packed_batch=batch,
-        )
+        try:
+            out = self.model(
+                input_ids=torch.tensor(ids, dtype=torch.long).unsqueeze(0),
+                position_ids=torch.cat(positions).unsqueeze(0),
+                use_cache=False,
+                packed_batch=batch,
+            )
+        finally:
+            for cache, tree in zip(caches, trees):
+                cache.length = tree.context
         logits = out.logits[0].float()
         return [logits[s : s + n] for s, n in zip(starts, lengths)]

@@ -1,13 +1,14 @@
 """``slrs``'s first proposal of a step, for every sampling request of the batch at once.
 
 Per request: the drafter's distribution at the context ranks the likely first target
-tokens (candidates); those whose psi fits the step's budget of drafter evaluations form
-C; one tree-masked forward evaluates the union of their nodes for the whole batch;
-psi on C (:mod:`drafter.string_level`) is renormalized, the first target token is
-sampled from it, and that same row is what the verifier gets as q. The drafter then
-continues from that token's text (the caller's ordinary draft loop), and the later
-positions are verified one-hot (exact for any proposal), so the step stays lossless.
-A request whose C is empty (every candidate over budget) drafts as ``slem`` this step.
+tokens (candidates); their psi nodes are evaluated level by level, one tree-masked
+drafter forward per level for the whole batch (:mod:`drafter.string_level`); psi on the
+candidates that fit the work cap (C), plus the drafter's chance of ending the text at
+once (the target's EOS), is renormalized, the first target token is sampled from it,
+and that same row is what the verifier gets as q. The drafter then continues from that
+token's text (the caller's ordinary draft loop), and the later positions are verified
+one-hot (exact for any proposal), so the step stays lossless. A request whose C is
+empty drafts as ``slem`` this step.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import torch
 from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs
-from vllm_hetero_spec.drafter.string_level import PsiPlanner, StepTree, build_tree, evaluate
+from vllm_hetero_spec.drafter.string_level import PsiPlanner, TreeBuilder
+from vllm_hetero_spec.drafter.varlen_attention import TokenTree
 from vllm_hetero_spec.vocab.retokenize import TokenEncoder
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
 
@@ -52,15 +54,16 @@ class StringLevelProposer:
         self,
         draft_bytes: list[bytes | None],
         target_bytes: list[bytes | None],
-        target_encoder: TokenEncoder,
+        target_encoder: TokenEncoder | None,
         target_eos: int | None,
         target_vocab: int,
         max_nodes: int,
         num_candidates: int,
+        min_prob: float = 0.0,
     ):
         self.draft = SortedStrings(draft_bytes)
         self.target = SortedStrings(target_bytes)
-        self.planner = PsiPlanner(self.draft, self.target, max_nodes)
+        self.planner = PsiPlanner(self.draft, self.target)
         self.order = torch.from_numpy(self.draft.order)
         self.draft_bytes = draft_bytes
         self.target_bytes = target_bytes
@@ -70,6 +73,7 @@ class StringLevelProposer:
         self.target_vocab = target_vocab
         self.max_nodes = max_nodes
         self.num_candidates = num_candidates
+        self.min_prob = min_prob
         self._canonical: dict[bytes, int] = {}
 
     def canonical_id(self, text: bytes) -> int:
@@ -79,7 +83,7 @@ class StringLevelProposer:
         if tid is None:
             ids = self.target.ids[text]
             tid = ids[0]
-            if len(ids) > 1:
+            if len(ids) > 1 and self.target_encoder is not None:
                 enc = self.target_encoder.encode(text)
                 tid = enc[0] if len(enc) == 1 and enc[0] in ids else ids[-1]
             self._canonical[text] = tid
@@ -108,28 +112,32 @@ class StringLevelProposer:
         (``root_logits`` ``[n, draft_vocab]``, caches committed up to the context)."""
         n = len(caches)
         q_root = processed_probs(root_logits, rows)
-        trees: list[StepTree] = []
-        capped = 0
-        for i in range(n):
-            tree, skipped = build_tree(self.planner, self.candidates(q_root[i]), self.max_nodes)
-            trees.append(tree)
-            capped += skipped
-        grown = [i for i in range(n) if len(trees[i].paths) > 1]
-        node_logits = runtime.tree_forward(
-            [caches[i] for i in grown], [trees[i].parents for i in grown], [trees[i].tokens for i in grown]
-        ) if grown else []
-        node_q = {i: logits for i, logits in zip(grown, node_logits)}
-        out = FirstTokens([None] * n, [[] for _ in range(n)], [None] * n, sum(len(t.paths) - 1 for t in trees), capped)
-        for i in range(n):
-            q = q_root[i : i + 1]
-            if i in node_q:
-                m = node_q[i].shape[0]
+        builders = [
+            TreeBuilder(self.planner, self.candidates(q_root[i]), self.max_nodes, self.min_prob, q_root[i])
+            for i in range(n)
+        ]
+        trees = [TokenTree(c.length) for c in caches]
+        while True:
+            fronts = [b.frontier() for b in builders]
+            grow = [i for i in range(n) if fronts[i]]
+            if not grow:
+                break
+            logits = runtime.grow_trees(
+                [caches[i] for i in grow], [trees[i] for i in grow],
+                [[node for node, _ in fronts[i]] for i in grow], [[v for _, v in fronts[i]] for i in grow],
+            )
+            for i, level in zip(grow, logits):
+                m = level.shape[0]
                 sub = SamplingRows(
                     rows.temperature[i].repeat(m), rows.top_k[i].repeat(m), rows.top_p[i].repeat(m), [None] * m
                 )
-                q = torch.cat([q, processed_probs(node_q[i], sub)])
-            ids = list(trees[i].candidates)
-            psi = evaluate(trees[i], q, self.order)
+                builders[i].add(processed_probs(level, sub))
+        out = FirstTokens(
+            [None] * n, [[] for _ in range(n)], [None] * n,
+            sum(b.num_nodes for b in builders), sum(b.capped for b in builders),
+        )
+        for i, builder in enumerate(builders):
+            ids, psi = builder.psi(self.order)
             if self.target_eos is not None:
                 ids.append(self.target_eos)
                 psi = torch.cat([psi, q_root[i][self.textless].double().sum().reshape(1)])

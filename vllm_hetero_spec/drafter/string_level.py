@@ -16,23 +16,27 @@ starts with the bytes w, and ``ext(y)`` the shortest target tokens strictly exte
 whose bytes are exactly a proper prefix w[:i] of w (a "node", probability = product of
 the drafter's q along it), times the drafter's mass at that node on the tokens whose
 bytes start with w[i:] (one range of the byte-sorted draft vocabulary, so a difference
-of two cumulative sums). A candidate's nodes and terms depend only on the two
-vocabularies, so they are built once per target token (:func:`plan_token`) and cached;
-per step the drafter evaluates the union of the nodes of the chosen candidates in one
-tree-masked forward, and :func:`evaluate` turns those q rows into psi.
+of two cumulative sums). Which nodes and terms a token needs depends only on the two
+vocabularies (:class:`TokenPlan`, cached per token); the drafter evaluates them level by
+level (:class:`TreeBuilder`), one batched tree-masked forward per level for all requests.
 
-Draft tokens without text end the string: at the context they propose the target's EOS.
+Exact psi needs about 2^(len - 1) nodes for a token of len bytes that every substring
+spells, so a node is only evaluated when its path probability is at least ``min_prob``
+(known once its parent is evaluated); what the skipped paths would add to psi(y) is
+below ``min_prob`` per path. ``min_prob = 0`` computes psi exactly. A work cap
+(``budget`` nodes per request per step) leaves out whole candidates whose next level
+does not fit.
 
 Losslessness does not rest on psi being exact: the first target token is *sampled from
-the computed table* (restricted to the candidates C whose psi fit in the step's budget,
-renormalized) and verified against that same table, so verification sees exactly the law
-the proposal came from, whatever the budget cut. Exactness makes that table the
-drafter's true string-level law on C (tested against brute force).
+the computed table* (the candidates C that fit the budget, renormalized) and verified
+against that same table, so verification sees exactly the law the proposal came from,
+whatever was pruned or capped. Exactness makes that table the drafter's true
+string-level law on C (tested against brute force).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -41,143 +45,148 @@ import torch
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
 
 
-@dataclass(frozen=True)
 class TokenPlan:
-    """What psi(y) needs, for one target token y, relative to any context.
+    """What psi(y) needs for one target token y, relative to any context: its words
+    (y with sign +1, its minimal extensions with sign -1) and their proper prefixes."""
 
-    Attributes:
-        paths: draft-token paths from the context (``()`` is the context itself), each
-            after its parent.
-        term_node / term_lo / term_hi / term_sign: one term per (node, word): the node's
-            probability times its q mass on draft tokens ``order[lo:hi]``, signed.
+    def __init__(self, token: bytes, draft: SortedStrings, target: SortedStrings):
+        words = [token, *target.minimal_extensions(token)]
+        self._sign = {w: (1.0 if w == token else -1.0) for w in words}
+        self._words = SortedStrings(words)
+        self._prefixes = SortedStrings([w[:j] for w in words for j in range(1, len(w))])
+        self._draft = draft
+        self._terms: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._children: dict[bytes, list[tuple[int, bytes]]] = {}
+
+    def children(self, text: bytes) -> list[tuple[int, bytes]]:
+        """``(draft id, new text)`` of the nodes below a node spelling ``text``."""
+        out = self._children.get(text)
+        if out is None:
+            out = []
+            for longer in self._prefixes.extending(text):
+                out.extend((v, longer) for v in self._draft.ids.get(longer[len(text) :], ()))
+            self._children[text] = out
+        return out
+
+    def terms(self, text: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``lo``, ``hi``, ``sign`` of this token's terms at a node spelling ``text``:
+        for each word strictly extending ``text``, the draft tokens that complete it."""
+        cached = self._terms.get(text)
+        if cached is None:
+            lo, hi, sign = [], [], []
+            for word in self._words.extending(text):
+                a, b = self._draft.prefix_range(word[len(text) :])
+                if b > a:
+                    lo.append(a)
+                    hi.append(b)
+                    sign.append(self._sign[word])
+            cached = (np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64), np.array(sign))
+            self._terms[text] = cached
+        return cached
+
+
+class PsiPlanner:
+    """Caches :class:`TokenPlan`\\ s for one draft/target vocabulary pair."""
+
+    def __init__(self, draft: SortedStrings, target: SortedStrings, cache_size: int = 1 << 14):
+        self.draft = draft
+        self.target = target
+        self.plan = lru_cache(maxsize=cache_size)(self._plan)
+
+    def _plan(self, token: bytes) -> TokenPlan:
+        return TokenPlan(token, self.draft, self.target)
+
+
+@dataclass
+class TreeBuilder:
+    """One request's evaluated nodes and candidates during a step.
+
+    The caller alternates :meth:`frontier` (the next level's nodes: ``(parent node,
+    draft token)``, node 0 being the context) with :meth:`add` (the drafter's q rows at
+    them) until the frontier is empty, then reads :meth:`psi`. Every decision depends
+    only on the candidates, the vocabularies and the drafter's q at evaluated nodes,
+    never on anything sampled, so C and psi are fixed before the proposal is drawn.
     """
 
-    paths: tuple[tuple[int, ...], ...]
-    term_node: np.ndarray
-    term_lo: np.ndarray
-    term_hi: np.ndarray
-    term_sign: np.ndarray
+    planner: PsiPlanner
+    candidates: list[tuple[int, bytes]]
+    budget: int
+    min_prob: float
+    q_root: torch.Tensor
+    capped: int = 0
+    paths: list[tuple[int, ...]] = field(default_factory=lambda: [()])
+    texts: list[bytes] = field(default_factory=lambda: [b""])
+    prob: list[float] = field(default_factory=lambda: [1.0])
+    q_rows: list[torch.Tensor] = field(default_factory=list)
+    _level: list[int] = field(default_factory=lambda: [0])
+    _index: dict[tuple[int, ...], int] = field(default_factory=lambda: {(): 0})
+
+    def __post_init__(self) -> None:
+        self.q_rows = [self.q_root]
+        self._active = [(tid, self.planner.plan(text)) for tid, text in self.candidates]
+        self._pending: list[tuple[int, int, bytes, float]] = []
 
     @property
     def num_nodes(self) -> int:
         """Drafter evaluations beyond the context."""
         return len(self.paths) - 1
 
+    def frontier(self) -> list[tuple[int, int]]:
+        """Children of the last level's nodes that the candidates need, whose path
+        probability reaches ``min_prob``; a candidate whose share does not fit in the
+        budget is dropped (counted in :attr:`capped`)."""
+        chosen: dict[tuple[int, ...], tuple[int, int, bytes, float]] = {}
+        kept = []
+        for tid, plan in self._active:
+            mine = {}
+            for node in self._level:
+                q = self.q_rows[node]
+                for v, text in plan.children(self.texts[node]):
+                    path = self.paths[node] + (v,)
+                    p = self.prob[node] * float(q[v])
+                    if p > 0 and p >= self.min_prob and path not in self._index and path not in chosen:
+                        mine[path] = (node, v, text, p)
+            if self.num_nodes + len(chosen) + len(mine) > self.budget:
+                self.capped += 1
+                continue
+            chosen.update(mine)
+            kept.append((tid, plan))
+        self._active = kept
+        self._pending = list(chosen.items())
+        return [(node, v) for _, (node, v, _, _) in self._pending]
 
-class PsiPlanner:
-    """Builds and caches :class:`TokenPlan`\\ s for one draft/target vocabulary pair."""
+    def add(self, q: torch.Tensor) -> None:
+        """The drafter's q rows ``[len(frontier), draft_vocab]`` at the frontier's nodes."""
+        self._level = []
+        for (path, (_, _, text, p)), row in zip(self._pending, q):
+            self._index[path] = len(self.paths)
+            self._level.append(len(self.paths))
+            self.paths.append(path)
+            self.texts.append(text)
+            self.prob.append(p)
+            self.q_rows.append(row)
+        self._pending = []
 
-    def __init__(self, draft: SortedStrings, target: SortedStrings, max_nodes: int, cache_size: int = 1 << 16):
-        self.draft = draft
-        self.target = target
-        self.max_nodes = max_nodes
-        self.plan = lru_cache(maxsize=cache_size)(self._plan)
-
-    def _plan(self, token: bytes) -> TokenPlan | None:
-        """The plan for the target token ``token``; ``None`` when it needs more than
-        ``max_nodes`` drafter evaluations (its psi is then never computed)."""
-        words = [token, *self.target.minimal_extensions(token)]
-        signs = [1.0] + [-1.0] * (len(words) - 1)
-        word_sign = dict(zip(words, signs))
-        sorted_words = SortedStrings([w for w in words])
-        prefixes = SortedStrings([w[:j] for w in words for j in range(1, len(w))])
-        paths: list[tuple[int, ...]] = [()]
-        texts = [b""]
-        i = 0
-        while i < len(paths):
-            for longer in prefixes.extending(texts[i]):
-                for v in self.draft.ids.get(longer[len(texts[i]) :], ()):
-                    paths.append(paths[i] + (v,))
-                    texts.append(longer)
-            if len(paths) - 1 > self.max_nodes:
-                return None
-            i += 1
-        nodes, los, his, sgn = [], [], [], []
-        for n, text in enumerate(texts):
-            for word in sorted_words.extending(text):
-                lo, hi = self.draft.prefix_range(word[len(text) :])
-                if hi > lo:
-                    nodes.append(n)
-                    los.append(lo)
-                    his.append(hi)
-                    sgn.append(word_sign[word])
-        return TokenPlan(
-            tuple(paths), np.array(nodes, dtype=np.int64), np.array(los, dtype=np.int64),
-            np.array(his, dtype=np.int64), np.array(sgn, dtype=np.float64),
-        )
-
-
-@dataclass
-class StepTree:
-    """The union of some candidates' plans for one request: the nodes to evaluate.
-
-    Attributes:
-        candidates: target ids whose psi is computed, in priority order.
-        plans: their plans.
-        paths: every node's draft-token path (``paths[0] == ()``, parents first).
-        index: path -> node index.
-    """
-
-    candidates: list[int]
-    plans: list[TokenPlan]
-    paths: list[tuple[int, ...]]
-    index: dict[tuple[int, ...], int]
-
-    @property
-    def parents(self) -> list[int]:
-        """Parent node of each node beyond the context (node ``i + 1``)."""
-        return [self.index[p[:-1]] for p in self.paths[1:]]
-
-    @property
-    def tokens(self) -> list[int]:
-        """The draft token each node beyond the context adds to its parent."""
-        return [p[-1] for p in self.paths[1:]]
-
-
-def build_tree(planner: PsiPlanner, candidates: list[tuple[int, bytes]], budget: int) -> tuple[StepTree, int]:
-    """Take candidates ``(target id, bytes)`` in order while the union of their nodes
-    stays within ``budget`` drafter evaluations. Depends only on the candidates and the
-    vocabularies, never on the draft's sample, so the resulting C is a fixed set.
-    Returns the tree and how many candidates were left out by the budget."""
-    tree = StepTree([], [], [()], {(): 0})
-    skipped = 0
-    for tid, text in candidates:
-        plan = planner.plan(text)
-        new = [] if plan is None else [p for p in plan.paths if p not in tree.index]
-        if plan is None or len(tree.paths) - 1 + len(new) > budget:
-            skipped += 1
-            continue
-        for path in new:
-            tree.index[path] = len(tree.paths)
-            tree.paths.append(path)
-        tree.candidates.append(tid)
-        tree.plans.append(plan)
-    return tree, skipped
-
-
-def path_probs(tree: StepTree, q: torch.Tensor) -> torch.Tensor:
-    """``[n_nodes]`` float64 probability of each node's path given the q rows ``[n_nodes,
-    draft_vocab]`` of the drafter at every node (row 0: the context)."""
-    prob = torch.ones(len(tree.paths), dtype=torch.float64)
-    q64 = q.double()
-    for i, (parent, token) in enumerate(zip(tree.parents, tree.tokens), start=1):
-        prob[i] = prob[parent] * q64[parent, token]
-    return prob
-
-
-def evaluate(tree: StepTree, q: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """psi of each candidate ``[len(tree.candidates)]`` (float64, clamped at 0 against
-    rounding) from the drafter's q rows at every node; ``order`` is the draft
-    vocabulary's byte order (:attr:`SortedStrings.order`)."""
-    prob = path_probs(tree, q)
-    cum = torch.zeros(q.shape[0], order.numel() + 1, dtype=torch.float64)
-    cum[:, 1:] = q.double()[:, order].cumsum(dim=1)
-    psi = torch.zeros(len(tree.candidates), dtype=torch.float64)
-    for c, plan in enumerate(tree.plans):
-        if plan.term_node.size == 0:
-            continue
-        nodes = torch.tensor([tree.index[plan.paths[n]] for n in plan.term_node], dtype=torch.long)
-        lo, hi = torch.from_numpy(plan.term_lo), torch.from_numpy(plan.term_hi)
-        mass = cum[nodes, hi] - cum[nodes, lo]
-        psi[c] = (torch.from_numpy(plan.term_sign) * prob[nodes] * mass).sum()
-    return psi.clamp(min=0.0)
+    def psi(self, order: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+        """The surviving candidates' target ids and psi (float64, clamped at 0 against
+        rounding); ``order`` is the draft vocabulary's byte order."""
+        ids = [tid for tid, _ in self._active]
+        if not ids:
+            return ids, torch.zeros(0, dtype=torch.float64)
+        q = torch.stack(self.q_rows).double()
+        cum = torch.zeros(q.shape[0], order.numel() + 1, dtype=torch.float64)
+        cum[:, 1:] = q[:, order].cumsum(dim=1)
+        prob = torch.tensor(self.prob, dtype=torch.float64)
+        psi = torch.zeros(len(ids), dtype=torch.float64)
+        for c, (_, plan) in enumerate(self._active):
+            nodes, los, his, signs = [], [], [], []
+            for node, text in enumerate(self.texts):
+                lo, hi, sign = plan.terms(text)
+                nodes.append(np.full(lo.size, node))
+                los.append(lo)
+                his.append(hi)
+                signs.append(sign)
+            n = torch.from_numpy(np.concatenate(nodes))
+            lo, hi = torch.from_numpy(np.concatenate(los)), torch.from_numpy(np.concatenate(his))
+            psi[c] = (torch.from_numpy(np.concatenate(signs)) * prob[n] * (cum[n, hi] - cum[n, lo])).sum()
+        return ids, psi.clamp(min=0.0)

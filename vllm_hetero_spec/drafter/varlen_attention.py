@@ -9,7 +9,7 @@ requests, each against its own :class:`RequestKVCache`. Registered under the nam
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -21,19 +21,64 @@ BACKEND_NAME = "hetero_varlen"
 
 
 @dataclass
-class PackedBatch:
-    """Where each request's new tokens sit in the packed row, and its cache.
+class TokenTree:
+    """A tree of draft tokens after a request's cached context, grown level by level.
 
-    ``trees`` (optional, per request) makes the new tokens a token *tree* rather than a
-    sequence: ``trees[i]`` is ``[n_i, n_i]`` bool, entry ``[a, b]`` true when new token b
-    is token a or one of its ancestors. Each new token then sees the whole cache plus
-    its own ancestors, so many branches from one context run in one forward.
+    The tree's keys and values sit in the cache past ``context`` (the cache's committed
+    length is moved there only for a forward, and back after), so many branches from one
+    context are evaluated without copying the cache, and nothing is committed.
+
+    Attributes:
+        context: cached tokens the tree hangs from.
+        ancestors: ``[n, n]`` bool, entry ``[a, b]`` true when node b is node a or one of
+            its ancestors (nodes numbered from 0 in the order they were added).
+        depth: ``[n]`` 1 for a child of the context.
     """
+
+    context: int
+    ancestors: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.bool))
+    depth: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    def grow(self, parents: list[int]) -> None:
+        """Add nodes under ``parents`` (0: the context, j: node j - 1)."""
+        n, m = self.ancestors.shape[0], len(parents)
+        anc = torch.zeros(n + m, n + m, dtype=torch.bool)
+        anc[:n, :n] = self.ancestors
+        depth = torch.cat([self.depth, torch.zeros(m, dtype=torch.long)])
+        for j, parent in enumerate(parents):
+            if parent > 0:
+                anc[n + j] = anc[parent - 1]
+                depth[n + j] = depth[parent - 1] + 1
+            else:
+                depth[n + j] = 1
+            anc[n + j, n + j] = True
+        self.ancestors, self.depth = anc, depth
+
+    def positions(self) -> torch.Tensor:
+        """Position id of every node."""
+        return self.context + self.depth - 1
+
+    def mask(self, n_new: int, window: int | None) -> torch.Tensor:
+        """``[n_new, context + n]``: the last ``n_new`` nodes see the whole context and
+        their ancestors (and, with a sliding window, only keys inside it)."""
+        rows = self.ancestors[-n_new:]
+        allowed = torch.cat([torch.ones(n_new, self.context, dtype=torch.bool), rows], dim=1)
+        if window is not None:
+            pos = self.positions()
+            k_pos = torch.cat([torch.arange(self.context), pos])
+            allowed &= k_pos.unsqueeze(0) > pos[-n_new:].unsqueeze(1) - window
+        return allowed
+
+
+@dataclass
+class PackedBatch:
+    """Where each request's new tokens sit in the packed row, and its cache; with
+    ``trees``, request i's new tokens are the newest nodes of ``trees[i]``."""
 
     caches: list[RequestKVCache]
     starts: list[int]
     lengths: list[int]
-    trees: list[torch.Tensor] | None = None
+    trees: list[TokenTree] | None = None
 
 
 def _mask(n_new: int, n_total: int, window: int | None) -> torch.Tensor | None:
@@ -46,17 +91,6 @@ def _mask(n_new: int, n_total: int, window: int | None) -> torch.Tensor | None:
     allowed = k_pos <= q_pos
     if window is not None:
         allowed &= k_pos > q_pos - window
-    return allowed
-
-
-def _tree_mask(ancestors: torch.Tensor, n_cached: int, positions: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Mask for tree tokens at ``positions`` (their depth after the cache) over the cache
-    plus the tree: every cached key, then the token's ancestors and itself."""
-    n = ancestors.shape[0]
-    allowed = torch.cat([torch.ones(n, n_cached, dtype=torch.bool), ancestors], dim=1)
-    if window is not None:
-        k_pos = torch.cat([torch.arange(n_cached), positions])
-        allowed &= k_pos.unsqueeze(0) > positions.unsqueeze(1) - window
     return allowed
 
 
@@ -82,11 +116,7 @@ def varlen_attention(
     for i, (cache, start, n) in enumerate(zip(packed_batch.caches, packed_batch.starts, packed_batch.lengths)):
         k, v = cache.append(layer, key[0, :, start : start + n], value[0, :, start : start + n])
         q = query[0, :, start : start + n]
-        if trees is None:
-            mask = _mask(n, k.shape[1], window)
-        else:
-            depth = trees[i].sum(dim=1) - 1
-            mask = _tree_mask(trees[i], cache.length, cache.length + depth, window)
+        mask = _mask(n, k.shape[1], window) if trees is None else trees[i].mask(n, window)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scaling, enable_gqa=True
         )
