@@ -42,6 +42,7 @@ def configs(draft: str, same_vocab_draft: str, k: int) -> dict[str, dict | None]
             "dtw_verify": "faithful",
         },
         "ours union": {"method": "hetero", "model": draft, "num_speculative_tokens": k, "algorithm": "union"},
+        "ours slrs": {"method": "hetero", "model": draft, "num_speculative_tokens": k, "algorithm": "slrs"},
         "ours fsd (tau 0.1)": {
             "method": "hetero", "model": draft, "num_speculative_tokens": k, "algorithm": "fsd", "fsd_threshold": 0.1,
         },

@@ -45,6 +45,7 @@ CASES = [
     ("gemma", {"algorithm": "dtw", "dtw_verify": "faithful"}),
     ("qwen05", {"algorithm": "union"}),
     ("gemma", {"algorithm": "fsd", "fsd_threshold": 0.0}),
+    ("qwen05", {"algorithm": "slrs"}),
 ]
 
 

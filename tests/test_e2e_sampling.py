@@ -39,6 +39,8 @@ def _sample(target: str, seed0: int, temperature: float, spec: dict | None = Non
     if spec is not None:
         # Otherwise a drafter that never drafts (or always fails) would pass vacuously.
         assert result["num_accepted_tokens"] > 0 and result["fallbacks"] == 0, result
+        if spec.get("algorithm") == "slrs":  # psi was computed, not skipped for slem
+            assert result["drafter_stats"]["slrs_tree_nodes"] > 0, result["drafter_stats"]
     return result["token_ids"]
 
 
@@ -59,7 +61,7 @@ def plain_t1(gemma: str) -> list[list[int]]:
     return _sample(gemma, 0, 1.0)
 
 
-@pytest.mark.parametrize("algorithm", ["slem", "tli", "dtw"])
+@pytest.mark.parametrize("algorithm", ["slem", "tli", "dtw", "slrs"])
 def test_output_distribution_matches_target(gemma: str, smollm2: str, plain_t1, algorithm: str) -> None:
     """Every lossless mode (dtw in its lossless verification mode)."""
     spec = _sample(gemma, 10_000, 1.0, {"method": "hetero", "model": smollm2, "num_speculative_tokens": 3,

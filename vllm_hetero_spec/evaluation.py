@@ -131,6 +131,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     stats = getattr(drafter, "stats", None)
     if stats is not None:
         result["fallbacks"] = stats.fallbacks
+        result["drafter_stats"] = stats.as_metrics()
     if stats is not None and stats.steps:
         result["bridge_ms_per_step"] = 1e3 * stats.bridge_s / stats.steps
         result["draft_ms_per_step"] = 1e3 * stats.draft_s / stats.steps
