@@ -38,11 +38,21 @@ class ScriptedRuntime:
 
     def forward(self, caches: list[RequestKVCache], new_tokens: list[list[int]]) -> torch.Tensor:
         for cache, toks in zip(caches, new_tokens):
+            assert toks, "the real runtime needs at least one new token per request"
             cache.advance(len(toks))
         logits = torch.zeros(len(caches), self.vocab_size)
         logits[:, self.script[min(self.calls, len(self.script) - 1)]] = 60.0
         self.calls += 1
         return logits
+
+    def grow_trees(self, caches, trees, parents, tokens) -> list[torch.Tensor]:
+        """slrs's psi tree: every node puts its mass on the same scripted token."""
+        out = []
+        for toks in tokens:
+            logits = torch.zeros(len(toks), self.vocab_size)
+            logits[:, self.script[min(self.calls, len(self.script) - 1)]] = 60.0
+            out.append(logits)
+        return out
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +60,13 @@ def bridge(smollm2: str, qwen05: str) -> VocabBridge:
     return VocabBridge.build(smollm2, qwen05, 49152, 151936)
 
 
-def _proposer(monkeypatch, bridge: VocabBridge, smollm2: str, qwen05: str, algorithm: str, script: list[int]):
+def _proposer(
+    monkeypatch, bridge: VocabBridge, smollm2: str, qwen05: str, algorithm: str, script: list[int], **extra
+):
     monkeypatch.setattr(proposer_module, "DraftModelRuntime", ScriptedRuntime)
     monkeypatch.setattr(proposer_module.VocabBridge, "build", lambda *a: bridge)
     ScriptedRuntime.script = script
-    settings = HeteroSettings(algorithm, smollm2, smollm2, K, K, fsd_threshold=0.05)
+    settings = HeteroSettings(algorithm, smollm2, smollm2, K, K, fsd_threshold=0.05, **extra)
     config = SimpleNamespace(
         additional_config={"hetero_spec": settings.to_dict()},
         model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05),
@@ -142,3 +154,45 @@ def test_fsd_bad_request_threshold_keeps_the_engine_alive(monkeypatch, bridge, s
     _attach(prop, {"bad": SamplingParams(temperature=1.0, extra_args={"fsd_threshold": -1})}, ["bad"])
     _propose(prop, qwen05, 1)
     assert prop.states["bad"].fsd_threshold == prop.settings.fsd_threshold
+
+
+def _with_extensions(bridge: VocabBridge) -> int:
+    """A shared draft id whose text is a target token that longer target tokens extend
+    (so its psi needs a drafter evaluation beyond the context)."""
+    target = set(b for b in bridge.target_bytes if b)
+    for d in bridge.intersection.shared_draft_ids.tolist()[400:]:
+        text = bridge.draft_bytes[d]
+        if len(text) >= 3 and any(text + bytes([c]) in target for c in range(97, 123)):
+            return d
+    raise AssertionError("no such token")
+
+
+def test_slrs_mixed_batch(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """A sampling request proposes its first token from the psi table it hands to the
+    verifier (one-hot after it); a greedy request in the same batch drafts as slem."""
+    a = _with_extensions(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "slrs", [a] * 12)
+    _attach(prop, {"s": SamplingParams(temperature=1.0, seed=3), "g": SamplingParams(temperature=0.0)}, ["s", "g"])
+    out = _propose(prop, qwen05, 2)
+    probs = prop.take_last_draft_probs()
+    assert prop.stats.slrs_nodes > 0 and prop.stats.slrs_uncovered == 0
+    first = out[0][0]
+    assert abs(float(probs[0, 0].sum()) - 1) < 1e-5 and float(probs[0, 0, first]) > 0
+    assert bridge.target_bytes[first] == bridge.draft_bytes[a]  # the drafter's string starts with it
+    for row in range(2):
+        for j in range(1 if row == 0 else 0, len(out[row])):
+            assert float(probs[row, j, out[row][j]]) == 1.0  # one-hot after the first token
+    assert len(out[1]) > 0
+
+
+def test_slrs_without_budget_drafts_as_slem(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """A work cap that fits no candidate leaves C without mass: the request drafts as
+    slem (counted), its proposals one-hot, and nothing fails."""
+    a = _with_extensions(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "slrs", [a] * 12, slrs_max_nodes=0)
+    _attach(prop, {"s": SamplingParams(temperature=1.0, seed=3)}, ["s"])
+    out = _propose(prop, qwen05, 1)
+    assert prop.stats.slrs_uncovered == 1 and prop.stats.slrs_capped >= 1
+    assert len(out[0]) > 0
+    probs = prop.take_last_draft_probs()
+    assert all(float(probs[0, j, t]) == 1.0 for j, t in enumerate(out[0]))

@@ -447,7 +447,9 @@ class HeteroProposer:
         for j, i in enumerate(sampled):
             tid, q = result.target_ids[j], result.q_rows[j]
             if tid is None:
+                # Drafted as slem: its draft loop needs the context's last token pending.
                 self.stats.slrs_uncovered += 1
+                states[j].cache.truncate(len(states[j].draft) - 1)
                 continue
             for tok in result.draft_ids[j]:
                 states[j].draft.append_drafted(tok)

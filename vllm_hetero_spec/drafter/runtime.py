@@ -37,6 +37,8 @@ class DraftModelRuntime:
         """Append ``new_tokens[i]`` to ``caches[i]`` (each non-empty) and return the
         float32 logits ``[len(caches), vocab]`` at each request's last new token."""
         lengths = [len(t) for t in new_tokens]
+        if not all(lengths):
+            raise ValueError("every request needs at least one new token (its logits come from the last one)")
         starts = [0]
         for n in lengths[:-1]:
             starts.append(starts[-1] + n)

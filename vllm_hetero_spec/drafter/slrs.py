@@ -7,8 +7,8 @@ candidates that fit the work cap (C), plus the drafter's chance of ending the te
 once (the target's EOS), is renormalized, the first target token is sampled from it,
 and that same row is what the verifier gets as q. The drafter then continues from that
 token's text (the caller's ordinary draft loop), and the later positions are verified
-one-hot (exact for any proposal), so the step stays lossless. A request whose C is
-empty drafts as ``slem`` this step.
+one-hot (exact for any proposal), so the step stays lossless. A request whose C holds
+less than :data:`MIN_COVERAGE` of the drafter's mass drafts as ``slem`` this step.
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ class FirstTokens:
     nodes: int = 0
     capped: int = 0
     coverage: list[float] = field(default_factory=list)
+
+
+# Below this drafter mass on C the renormalized table would propose what the drafter
+# itself finds unlikely; the request drafts as slem instead (decided before sampling).
+MIN_COVERAGE = 0.05
 
 
 class StringLevelProposer:
@@ -142,7 +147,7 @@ class StringLevelProposer:
                 ids.append(self.target_eos)
                 psi = torch.cat([psi, q_root[i][self.textless].double().sum().reshape(1)])
             total = float(psi.sum())
-            if total <= 0:
+            if total < MIN_COVERAGE:
                 continue
             row = torch.zeros(self.target_vocab, dtype=torch.float64)
             row.index_add_(0, torch.tensor(ids, dtype=torch.long), psi / total)
