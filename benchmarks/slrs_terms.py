@@ -75,12 +75,10 @@ def _summary(values: np.ndarray) -> dict[str, float]:
     }
 
 
-def runtime_counts(pair: tuple[str, str], contexts: int, steps: int) -> dict[str, float]:
+def runtime_counts(bridge: VocabBridge, draft_path: str, target_path: str, contexts: int, steps: int) -> dict[str, float]:
     """Drive the drafter through real prompts: each step proposes a first token with
     slrs defaults, then commits the drafter's greedy token (a plausible text path)."""
-    draft_path, target_path = (str(ensure_model(m)) for m in pair)
     runtime = DraftModelRuntime(draft_path)
-    bridge = VocabBridge.build(draft_path, target_path, runtime.vocab_size, _vocab(target_path))
     proposer = StringLevelProposer(
         bridge.draft_bytes, bridge.target_bytes, bridge.target_encoder, bridge.target_tokenizer.eos_token_id,
         len(bridge.target_bytes), max_nodes=32, num_candidates=8, min_prob=1e-3,
@@ -132,7 +130,7 @@ def main() -> None:
         entry["segmentations_above_65536_share"] = float((counts["segmentations"] > 65536).mean())
         entry["static_seconds"] = time.perf_counter() - t0
         if args.contexts:
-            entry["runtime"] = runtime_counts((draft_name, target_name), args.contexts, args.steps)
+            entry["runtime"] = runtime_counts(bridge, draft_path, target_path, args.contexts, args.steps)
         results[spec] = entry
         print(spec, json.dumps(entry, indent=1), flush=True)
     OUT.mkdir(exist_ok=True)

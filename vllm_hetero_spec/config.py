@@ -70,8 +70,8 @@ class HeteroSettings:
         slrs_max_nodes: ``slrs``: drafter evaluations per request per step for psi (the
             work cap); candidates whose psi does not fit are left out of C.
         slrs_candidates: ``slrs``: first-target-token candidates considered per step.
-        slrs_min_prob: ``slrs``: psi leaves out segmentations whose first draft token has
-            less than this probability at the context (0 = exact psi).
+        slrs_min_prob: ``slrs``: psi leaves out draft paths whose probability is below
+            this (0 = exact psi).
     """
 
     algorithm: str
@@ -166,6 +166,14 @@ def _int(spec: dict[str, Any], key: str, default: int | None, minimum: int) -> i
     return value
 
 
+def _fraction(spec: dict[str, Any], key: str, default: float, hint: str) -> float:
+    """Pop ``key``: a number in [0, 1) (bools are not numbers here)."""
+    value = spec.pop(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise HeteroConfigError(f"'{key}' must be a number in [0, 1), got {value!r}; {hint}")
+    return float(value)
+
+
 def resolve_model(name: str) -> str:
     """A folder path, or the short name of a model we can build from PyPI wheels."""
     path = Path(name).expanduser()
@@ -202,20 +210,14 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
     dtw_verify = spec.pop("dtw_verify", "lossless")
     if dtw_verify not in DTW_VERIFY:
         raise HeteroConfigError(f"'dtw_verify' = {dtw_verify!r} is not supported; choose one of {list(DTW_VERIFY)}")
-    stop_prob = spec.pop("draft_stop_prob", 0.0)
-    if isinstance(stop_prob, bool) or not isinstance(stop_prob, (int, float)) or not 0.0 <= stop_prob < 1.0:
-        raise HeteroConfigError(f"'draft_stop_prob' must be a number in [0, 1), got {stop_prob!r}; e.g. 0.3, or 0 to disable")
+    stop_prob = _fraction(spec, "draft_stop_prob", 0.0, "e.g. 0.3, or 0 to disable")
     fsd_threshold = spec.pop("fsd_threshold", 0.1)
     if not _is_threshold(fsd_threshold):
         raise HeteroConfigError(
             f"'fsd_threshold' must be a finite number >= 0, got {fsd_threshold!r}; set it to e.g. 0.1 "
             "(0 makes fsd verify losslessly)"
         )
-    slrs_min_prob = spec.pop("slrs_min_prob", 1e-3)
-    if isinstance(slrs_min_prob, bool) or not isinstance(slrs_min_prob, (int, float)) or not 0.0 <= slrs_min_prob < 1.0:
-        raise HeteroConfigError(
-            f"'slrs_min_prob' must be a number in [0, 1), got {slrs_min_prob!r}; e.g. 0.001, or 0 for exact psi"
-        )
+    slrs_min_prob = _fraction(spec, "slrs_min_prob", 1e-3, "e.g. 0.001, or 0 for exact psi")
     fsd_divergence = spec.pop("fsd_divergence", "js")
     if fsd_divergence not in DIVERGENCE_NAMES:
         raise HeteroConfigError(

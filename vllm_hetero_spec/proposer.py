@@ -7,7 +7,8 @@ request's draft-side tokenization as text (look-behind realignment, KV rollback)
 proposals -- re-tokenized draft text for ``slem`` and ``dtw``, intersection-mapped ids
 with their exact draft distribution for the token-level algorithms (``tli``, ``fsd``,
 ``union``), and for ``slrs`` a first target token sampled from the drafter's
-string-level law psi (``drafter/slrs.py``) followed by re-tokenized draft text. What verification needs beyond vLLM's draft-probability slot (``union``'s
+string-level law psi (``drafter/slrs.py``) followed by re-tokenized draft text. What
+verification needs beyond vLLM's draft-probability slot (``union``'s
 forced rejections, ``fsd``'s per-request threshold) is kept as a :class:`VerifyPlan`
 that the rejection sampler collects through :meth:`HeteroProposer.verify_inputs`.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -64,6 +65,16 @@ class DraftOutput:
     token_q: list[list[float]]
     q_rows: list[torch.Tensor]
     absent: list[list[bool]]
+
+
+class FirstToken(NamedTuple):
+    """An ``slrs`` request's first proposal this step: the target token, the psi row it
+    was drawn from, and whether drafting continues after it (not after EOS or a token
+    the draft vocabulary cannot spell)."""
+
+    target_id: int
+    q: torch.Tensor
+    continues: bool
 
 
 @dataclass
@@ -233,7 +244,7 @@ class HeteroProposer:
         self.stats.undrafted += len(rows) - len(active)
         t1 = time.perf_counter()
         first = self._first_tokens([req_ids[r] for r in active]) if self.string_level is not None else {}
-        drafting = [r for r in active if first.get(req_ids[r], (0, None, True))[2]]
+        drafting = [r for r in active if req_ids[r] not in first or first[req_ids[r]].continues]
         draft = self._draft([req_ids[r] for r in drafting])
         t2 = time.perf_counter()
         out: list[list[int]] = [[] for _ in req_ids]
@@ -397,33 +408,32 @@ class HeteroProposer:
         return DraftOutput(drafts, token_q, [], absent)
 
     def _to_target(
-        self, req_ids: list[str], drafts: list[list[int]], first: dict[str, tuple[int, torch.Tensor, bool]] | None = None
+        self, req_ids: list[str], drafts: list[list[int]], first: dict[str, FirstToken] | None = None
     ) -> list[list[int]]:
         """slem/dtw/slrs: re-tokenize each request's draft text with the target tokenizer
-        (one batched call per proposal budget); a draft ending in a special token ends in
-        the target's EOS. A request with an ``slrs`` first token proposes it, then the
-        re-tokenized text drafted after it."""
+        (one batched call); a draft ending in a special token ends in the target's EOS.
+        A request with an ``slrs`` first token proposes it, then the re-tokenized text
+        drafted after it (within the remaining budget)."""
         first = first or {}
         enc = self.bridge.draft_encoder
-        outs: list[list[int]] = [[] for _ in req_ids]
-        for budget in (self.k, self.k - 1):
-            group = [i for i, r in enumerate(req_ids) if (r in first) == (budget < self.k)]
-            texts, stops, tails = [], [], []
-            for i in group:
-                ids = drafts[i]
-                stop = bool(ids) and ids[-1] in self._draft_specials
-                texts.append(b"".join(enc.bytes_of(t) for t in (ids[:-1] if stop else ids)))
-                stops.append(stop)
-                lead = [first[req_ids[i]][0]] if req_ids[i] in first else []
-                tails.append(self.states[req_ids[i]].target_tail + lead)
-            conts = propose_continuations(self.bridge.target_encoder, tails, texts, budget) if group else []
-            for i, cont, stop in zip(group, conts, stops):
-                if stop and len(cont) < budget and self._target_eos is not None:
-                    cont.append(self._target_eos)
-                outs[i] = ([first[req_ids[i]][0]] if req_ids[i] in first else []) + cont
+        leads = [[first[r].target_id] if r in first else [] for r in req_ids]
+        texts, stops = [], []
+        for ids in drafts:
+            stop = bool(ids) and ids[-1] in self._draft_specials
+            texts.append(b"".join(enc.bytes_of(t) for t in (ids[:-1] if stop else ids)))
+            stops.append(stop)
+        tails = [self.states[r].target_tail + lead for r, lead in zip(req_ids, leads)]
+        conts = propose_continuations(self.bridge.target_encoder, tails, texts, self.k)
+        outs = []
+        for cont, lead, stop in zip(conts, leads, stops):
+            budget = self.k - len(lead)
+            cont = cont[:budget]
+            if stop and len(cont) < budget and self._target_eos is not None:
+                cont.append(self._target_eos)
+            outs.append(lead + cont)
         return outs
 
-    def _first_tokens(self, req_ids: list[str]) -> dict[str, tuple[int, torch.Tensor, bool]]:
+    def _first_tokens(self, req_ids: list[str]) -> dict[str, FirstToken]:
         """slrs: for each sampling request (greedy ones verify by argmax, where psi
         plays no part, and draft as slem), the first target token sampled from psi on
         C, that distribution, and whether drafting continues after it (not after EOS or
@@ -453,11 +463,11 @@ class HeteroProposer:
                 continue
             for tok in result.draft_ids[j]:
                 states[j].draft.append_drafted(tok)
-            first[req_ids[i]] = (tid, q, bool(result.draft_ids[j]))
+            first[req_ids[i]] = FirstToken(tid, q, bool(result.draft_ids[j]))
         return first
 
     def _first_token_probs(
-        self, req_ids: list[str], proposals: list[list[int]], first: dict[str, tuple[int, torch.Tensor, bool]]
+        self, req_ids: list[str], proposals: list[list[int]], first: dict[str, FirstToken]
     ) -> torch.Tensor:
         """slrs's q block: psi on C at a first token drawn from it, one-hot elsewhere
         (slem's rule, exact for any proposal)."""
@@ -466,7 +476,7 @@ class HeteroProposer:
             if ids:
                 full[row, torch.arange(len(ids)), torch.tensor(ids)] = 1.0
             if req_id in first:
-                full[row, 0] = first[req_id][1]
+                full[row, 0] = first[req_id].q
         return full
 
     def _dtw_probs(self, active: list[int], draft: DraftOutput, proposals: list[list[int]], n_rows: int) -> torch.Tensor:
