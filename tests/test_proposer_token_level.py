@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 from vllm import SamplingParams
 
 from vllm_hetero_spec import proposer as proposer_module
+from vllm_hetero_spec.drafter import engine as engine_module
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
 from vllm_hetero_spec.drafter.token_level import ABSENT_PLACEHOLDER
@@ -63,8 +64,8 @@ def bridge(smollm2: str, qwen05: str) -> VocabBridge:
 def _proposer(
     monkeypatch, bridge: VocabBridge, smollm2: str, qwen05: str, algorithm: str, script: list[int], **extra
 ):
-    monkeypatch.setattr(proposer_module, "DraftModelRuntime", ScriptedRuntime)
-    monkeypatch.setattr(proposer_module.VocabBridge, "build", lambda *a: bridge)
+    monkeypatch.setattr(engine_module, "DraftModelRuntime", ScriptedRuntime)
+    monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: bridge)
     ScriptedRuntime.script = script
     settings = HeteroSettings(algorithm, smollm2, smollm2, K, K, fsd_threshold=0.05, **extra)
     config = SimpleNamespace(
@@ -153,7 +154,7 @@ def test_fsd_bad_request_threshold_keeps_the_engine_alive(monkeypatch, bridge, s
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "fsd", [a, b])
     _attach(prop, {"bad": SamplingParams(temperature=1.0, extra_args={"fsd_threshold": -1})}, ["bad"])
     _propose(prop, qwen05, 1)
-    assert prop.states["bad"].fsd_threshold == prop.settings.fsd_threshold
+    assert prop.states["bad"].params.fsd_threshold == prop.settings.fsd_threshold
 
 
 def _with_extensions(bridge: VocabBridge) -> int:

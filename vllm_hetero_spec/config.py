@@ -14,6 +14,7 @@ proposer, with our settings travelling to the workers in ``additional_config``.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -30,6 +31,8 @@ PROPOSER_CLASS = "vllm_hetero_spec.proposer.HeteroProposer"
 ALGORITHMS = ("slem", "tli", "dtw", "union", "fsd", "slrs")
 DTW_VERIFY = ("lossless", "faithful")
 DTYPES = ("float32", "bfloat16", "float16")
+EXECUTORS = ("inprocess", "ray")
+BUDGETS = ("fixed", "adaptive")
 
 
 class HeteroConfigError(ValueError):
@@ -72,6 +75,21 @@ class HeteroSettings:
         slrs_candidates: ``slrs``: first-target-token candidates considered per step.
         slrs_min_prob: ``slrs``: psi leaves out draft paths whose probability is below
             this (0 = exact psi).
+        executor: ``inprocess`` (draft in the engine's process) or ``ray`` (draft in a
+            Ray actor on CPU cores while the target verifies: ``drafter/ray_executor.py``).
+        ray_address: ``ray``: an existing cluster to join (e.g. ``"auto"`` or
+            ``"ray://head:10001"``); unset starts a local one owned by the engine.
+        ray_num_cpus: ``ray``: CPUs reserved for the actor (and the local cluster's size).
+        ray_threads: ``ray``: torch threads in the actor (defaults to ``ray_num_cpus``).
+        ray_timeout_s: ``ray``: the longest a step waits for the actor; a later answer
+            means that step runs without drafts, and an actor silent for four times
+            this is restarted.
+        pipeline: ``ray``: draft step n + 1 while the target verifies step n.
+        max_branches: ``ray`` pipelining: most bonus-token branches drafted per request
+            (DuoDecoding's dynamic multi-sequence drafting; 1 = a single sequence).
+        draft_budget: ``fixed`` (always ``num_speculative_tokens``) or ``adaptive``
+            (``ray`` only: as many as fit in a target step, see ``drafter/budget.py``).
+        min_speculative_tokens: the adaptive budget's floor.
     """
 
     algorithm: str
@@ -91,6 +109,15 @@ class HeteroSettings:
     slrs_max_nodes: int = 32
     slrs_candidates: int = 8
     slrs_min_prob: float = 1e-3
+    executor: str = "inprocess"
+    ray_address: str | None = None
+    ray_num_cpus: int = 1
+    ray_threads: int = 1
+    ray_timeout_s: float = 5.0
+    pipeline: bool = True
+    max_branches: int = 4
+    draft_budget: str = "fixed"
+    min_speculative_tokens: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -103,7 +130,8 @@ class HeteroSettings:
 HETERO_KEYS = (
     "algorithm", "draft_tokenizer", "max_draft_tokens", "lookbehind", "draft_dtype", "min_shared_tokens",
     "draft_stop_prob", "dtw_window", "dtw_verify", "fsd_threshold", "fsd_divergence", "fsd_topk",
-    "slrs_max_nodes", "slrs_candidates", "slrs_min_prob",
+    "slrs_max_nodes", "slrs_candidates", "slrs_min_prob", "executor", "ray_address", "ray_num_cpus", "ray_threads",
+    "ray_timeout_s", "pipeline", "max_branches", "draft_budget", "min_speculative_tokens",
 )
 FSD_THRESHOLD_ARG = "fsd_threshold"
 
@@ -174,6 +202,57 @@ def _fraction(spec: dict[str, Any], key: str, default: float, hint: str) -> floa
     return float(value)
 
 
+def _executor_settings(spec: dict[str, Any], k: int) -> dict[str, Any]:
+    """Pop and check the executor keys (see :class:`HeteroSettings`)."""
+    executor = spec.pop("executor", "inprocess")
+    if executor not in EXECUTORS:
+        raise HeteroConfigError(f"'executor' = {executor!r} is not supported; choose one of {list(EXECUTORS)}")
+    ray_keys = ("ray_address", "ray_num_cpus", "ray_threads", "ray_timeout_s", "pipeline", "max_branches")
+    if executor != "ray":
+        for key in ray_keys:
+            if key in spec:
+                raise HeteroConfigError(f"'{key}' only applies with 'executor': 'ray'; set 'executor' to 'ray' or drop '{key}'")
+    elif importlib.util.find_spec("ray") is None:
+        raise HeteroConfigError(
+            "'executor' = 'ray' needs Ray, which is not installed; pip install 'vllm_hetero_spec[ray]' "
+            "(ray>=2.60), or set 'executor' to 'inprocess'"
+        )
+    address = spec.pop("ray_address", None)
+    if address is not None and (not isinstance(address, str) or not address):
+        raise HeteroConfigError(f"'ray_address' must be a Ray address string, got {address!r}; e.g. 'auto', or drop it")
+    num_cpus = _int(spec, "ray_num_cpus", 1, 1)
+    timeout = spec.pop("ray_timeout_s", 5.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise HeteroConfigError(f"'ray_timeout_s' must be a number of seconds > 0, got {timeout!r}; e.g. 5")
+    pipeline = spec.pop("pipeline", True)
+    if not isinstance(pipeline, bool):
+        raise HeteroConfigError(f"'pipeline' must be true or false, got {pipeline!r}")
+    budget = spec.pop("draft_budget", "adaptive" if executor == "ray" else "fixed")
+    if budget not in BUDGETS:
+        raise HeteroConfigError(f"'draft_budget' = {budget!r} is not supported; choose one of {list(BUDGETS)}")
+    if budget == "adaptive" and executor != "ray":
+        raise HeteroConfigError(
+            "'draft_budget' = 'adaptive' sizes drafts to fit a target step, which needs a drafter running "
+            "beside the target; set 'executor' to 'ray' or 'draft_budget' to 'fixed'"
+        )
+    min_tokens = _int(spec, "min_speculative_tokens", 1, 1)
+    if min_tokens > k:
+        raise HeteroConfigError(
+            f"'min_speculative_tokens' = {min_tokens} exceeds 'num_speculative_tokens' = {k}; lower it to at most {k}"
+        )
+    return {
+        "executor": executor,
+        "ray_address": address,
+        "ray_num_cpus": num_cpus,
+        "ray_threads": _int(spec, "ray_threads", num_cpus, 1),
+        "ray_timeout_s": float(timeout),
+        "pipeline": pipeline,
+        "max_branches": _int(spec, "max_branches", 4, 1),
+        "draft_budget": budget,
+        "min_speculative_tokens": min_tokens,
+    }
+
+
 def resolve_model(name: str) -> str:
     """A folder path, or the short name of a model we can build from PyPI wheels."""
     path = Path(name).expanduser()
@@ -223,6 +302,7 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
         raise HeteroConfigError(
             f"'fsd_divergence' = {fsd_divergence!r} is not supported; choose one of {list(DIVERGENCE_NAMES)}"
         )
+    executor = _executor_settings(spec, k)
     settings = HeteroSettings(
         algorithm=algorithm,
         draft_model=draft_model,
@@ -241,8 +321,10 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
         slrs_max_nodes=_int(spec, "slrs_max_nodes", 32, 0),
         slrs_candidates=_int(spec, "slrs_candidates", 8, 1),
         slrs_min_prob=float(slrs_min_prob),
+        **executor,
     )
-    for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens", "dtw_window", "fsd_topk", "slrs_max_nodes", "slrs_candidates"):
+    for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens", "dtw_window", "fsd_topk", "slrs_max_nodes",
+                "slrs_candidates", "ray_num_cpus", "ray_threads", "max_branches", "min_speculative_tokens"):
         spec.pop(key, None)
     spec.pop("method")
     vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS, **spec}

@@ -40,11 +40,19 @@ COUNTERS: dict[str, str] = {
     "slrs_tree_nodes": "slrs: drafter evaluations spent computing psi (beyond the contexts)",
     "slrs_capped_candidates": "slrs: first-token candidates left out of C by the work cap (slrs_max_nodes)",
     "slrs_uncovered_requests": "slrs: sampling request-steps whose C was empty, drafted as slem instead",
+    "pipeline_hits": "Ray executor: request-steps whose drafts were ready from the pipelined branch",
+    "pipeline_misses": "Ray executor: request-steps whose pipelined branches all missed (drafted on demand)",
+    "pipeline_branches": "Ray executor: speculative branches drafted while the target verified",
+    "ray_wait_seconds": "Ray executor: seconds the engine waited for the drafter actor",
+    "ray_timeouts": "Ray executor: steps the actor did not answer in time (run without drafts)",
+    "ray_restarts": "Ray executor: drafter actors restarted after dying or hanging",
+    "ray_undrafted_steps": "Ray executor: steps run without drafts because the actor was unavailable",
 }
 #: name -> help; exported as ``hetero:<name>``.
 GAUGES: dict[str, str] = {
     "request_states": "Requests the drafter currently holds state for",
     "draft_state_bytes": "Bytes held by per-request draft state (draft KV caches and token arrays)",
+    "draft_budget": "Draft tokens per step the hardware-aware budget chose last",
 }
 SLOTS: tuple[str, ...] = tuple(COUNTERS) + tuple(GAUGES)
 _INDEX = {name: i for i, name in enumerate(SLOTS)}

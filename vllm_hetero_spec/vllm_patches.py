@@ -76,8 +76,9 @@ def _patch_model_runner() -> None:
     probabilities and cannot choose the rejection sampler. After the runner is built we
     hand our proposer the runner, install our rejection sampler (wired to the proposer's
     per-request verification plan: union's forced rejections, fsd's thresholds), forward
-    its draft probabilities into the slot vLLM's own probabilistic drafters use, and tell
-    it when requests finish, abort or are preempted."""
+    its draft probabilities into the slot vLLM's own probabilistic drafters use, tell
+    it when requests finish, abort or are preempted, and let it release its executor (a
+    Ray actor and cluster) when the runner shuts down."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_hetero_spec.proposer import HeteroProposer
@@ -127,7 +128,17 @@ def _patch_model_runner() -> None:
                 drafter.drop_request(req_id)
         return update(self, scheduler_output)
 
+    shutdown = GPUModelRunner.shutdown
+
+    @functools.wraps(shutdown)
+    def shutdown_runner(self: GPUModelRunner) -> None:
+        drafter = getattr(self, "drafter", None)
+        if isinstance(drafter, HeteroProposer):
+            drafter.shutdown()
+        shutdown(self)
+
     GPUModelRunner.__init__ = __init__
+    GPUModelRunner.shutdown = shutdown_runner
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
     GPUModelRunner._on_request_state_removed = _on_request_state_removed
     GPUModelRunner._update_states = _update_states

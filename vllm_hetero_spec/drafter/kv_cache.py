@@ -55,3 +55,12 @@ class RequestKVCache:
     @property
     def nbytes(self) -> int:
         return 2 * sum(t.numel() * t.element_size() for t in self.keys)
+
+    def fork(self) -> "RequestKVCache":
+        """A copy of the committed entries, with the same spare capacity."""
+        other = RequestKVCache(len(self.keys), self._shape[0], self._shape[1], self._dtype, self._capacity)
+        for src, dst in ((self.keys, other.keys), (self.values, other.values)):
+            for a, b in zip(src, dst):
+                b[:, : self.length] = a[:, : self.length]
+        other.length = self.length
+        return other

@@ -1,0 +1,73 @@
+"""Where drafting runs: in the engine's process (the default) or in a Ray actor.
+
+The proposer talks to either through the same three calls per step -- ``step`` (drafts
+for a batch, or ``None`` when there are none this step), ``drop`` (forget a request)
+and ``stats`` -- so everything about where drafting happens stays out of the
+vLLM-facing code. The Ray executor lives in ``drafter/ray_executor.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from vllm_hetero_spec.config import HeteroSettings
+from vllm_hetero_spec.drafter.engine import DraftEngine, DrafterStats, StepBatch, StepDrafts
+
+
+class DraftExecutor(Protocol):
+    """What the proposer needs from a place that drafts."""
+
+    def step(self, batch: StepBatch, live: set[str]) -> StepDrafts | None:
+        """Drafts for ``batch`` (``live``: every request the engine still holds), or
+        ``None`` when this step must run without drafts. May raise; the proposer
+        then runs the step undrafted and calls :meth:`reset`."""
+
+    def budget(self) -> int:
+        """Target tokens to propose per request this step."""
+
+    def drop(self, req_id: str) -> None:
+        """Forget a finished, aborted or preempted request."""
+
+    def reset(self) -> None:
+        """Forget every request (their state may be inconsistent after a failure)."""
+
+    def stats(self) -> DrafterStats:
+        """Counters so far (with the current state size)."""
+
+    def close(self) -> None:
+        """Release what the executor started (idempotent)."""
+
+
+class InProcessExecutor:
+    """Drafting inline, in the caller's process and thread."""
+
+    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int):
+        self.engine = DraftEngine(settings, target_tokenizer, target_vocab)
+
+    def step(self, batch: StepBatch, live: set[str]) -> StepDrafts:
+        self.engine.keep_only(live)
+        return self.engine.step(batch)
+
+    def budget(self) -> int:
+        return self.engine.k
+
+    def drop(self, req_id: str) -> None:
+        self.engine.drop(req_id)
+
+    def reset(self) -> None:
+        self.engine.states.clear()
+
+    def stats(self) -> DrafterStats:
+        return self.engine.snapshot_stats()
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def make_executor(settings: HeteroSettings, target_tokenizer: str, target_vocab: int) -> DraftExecutor:
+    """The executor the config asks for."""
+    if settings.executor == "ray":
+        from vllm_hetero_spec.drafter.ray_executor import RayExecutor
+
+        return RayExecutor(settings, target_tokenizer, target_vocab)
+    return InProcessExecutor(settings, target_tokenizer, target_vocab)

@@ -1,0 +1,288 @@
+"""The drafter in a Ray actor on CPU cores (``"executor": "ray"``), DuoDecoding-style.
+
+vLLM asks for drafts synchronously after each verification; it offers no hook while the
+target computes. So the client asks the actor for step n's drafts (usually ready: the
+actor drafted them while the target verified step n - 1, see ``drafter/pipeline.py``),
+returns them, and immediately tells the actor to start on step n + 1 without waiting.
+
+Faults never cost a request: every call waits at most ``ray_timeout_s``; a step the
+actor does not answer in time, or any step while the actor is dead, hung or still
+starting, runs without drafts (plain decoding is always correct). A dead actor, or one
+silent for ``HANG_TIMEOUTS`` x ``ray_timeout_s``, is killed and replaced with back-off;
+the new actor rebuilds each request's draft state from its committed tokens. The
+actor's process is owned by Ray; the cluster is shut down with the engine when this
+process started it, and left alone when it joined an existing one (``ray_address``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm_hetero_spec.config import HeteroSettings
+from vllm_hetero_spec.drafter.budget import DraftBudget
+from vllm_hetero_spec.drafter.engine import DraftEngine, DrafterStats, StepBatch, StepDrafts
+from vllm_hetero_spec.drafter.pipeline import PipelinedDrafter
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "vllm_hetero_spec"
+HANG_TIMEOUTS = 4  # an actor silent for this many step timeouts is restarted
+START_TIMEOUT_S = 600.0  # loading the draft model at start-up
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class ActorReply:
+    """One step's answer: the drafts, the actor's counters, and the drafter work (time
+    and sequential forwards) done since the previous step, for the budget."""
+
+    drafts: StepDrafts
+    stats: DrafterStats
+    busy_s: float
+    forwards: int
+
+
+class DraftActor:
+    """The actor's body (wrapped with ``ray.remote`` by the client, so this module
+    imports without Ray): a :class:`DraftEngine` behind a :class:`PipelinedDrafter`."""
+
+    def __init__(self, settings: dict[str, Any], target_tokenizer: str, target_vocab: int):
+        parsed = HeteroSettings.from_dict(settings)
+        torch.set_num_threads(parsed.ray_threads)
+        self.engine = DraftEngine(parsed, target_tokenizer, target_vocab)
+        self.pipe = PipelinedDrafter(self.engine, parsed.max_branches)
+        self.pipelined = parsed.pipeline
+        self._free_since = time.perf_counter()
+        self._busy_s = 0.0
+        self._forwards_seen = 0
+
+    def ready(self) -> dict[str, Any]:
+        """Start-up barrier and identity (the pid lets tests signal the process)."""
+        return {"pid": os.getpid(), "draft_vocab": self.engine.runtime.vocab_size}
+
+    def step(self, batch: StepBatch, live: set[str], drops: list[str]) -> ActorReply:
+        t0 = time.perf_counter()
+        self.engine.stats.actor_idle_s += t0 - self._free_since
+        self.pipe.keep_only(live - set(drops))
+        drafts = self.pipe.step(batch)
+        self._busy_s += time.perf_counter() - t0
+        forwards = self.engine.stats.draft_forwards - self._forwards_seen
+        reply = ActorReply(drafts, self.engine.snapshot_stats(), self._busy_s, forwards)
+        self._busy_s, self._forwards_seen = 0.0, self.engine.stats.draft_forwards
+        self._free_since = time.perf_counter()
+        return reply
+
+    def speculate(self) -> None:
+        """Draft the next step assuming this one's drafts are all accepted."""
+        t0 = time.perf_counter()
+        self.engine.stats.actor_idle_s += t0 - self._free_since
+        if self.pipelined:
+            self.pipe.speculate()
+        self._free_since = time.perf_counter()
+        self._busy_s += self._free_since - t0
+
+    def reset(self) -> None:
+        self.pipe.discard()
+        self.engine.states.clear()
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as err:  # config.py checks this at start-up; this is the backstop
+        raise RuntimeError("'executor': 'ray' needs Ray: pip install 'vllm_hetero_spec[ray]'") from err
+    return ray
+
+
+def _add(a: DrafterStats, b: DrafterStats) -> DrafterStats:
+    """Field-wise sum (counters of a replaced actor plus those of its successor)."""
+    return DrafterStats(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in dataclasses.fields(a)})
+
+
+class RayExecutor:
+    """Client side: owns the actor, the timeouts, restarts and the draft budget."""
+
+    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int):
+        ray = self._ray = _import_ray()
+        self.settings = settings
+        self._args = (settings.to_dict(), target_tokenizer, target_vocab)
+        self._owns_ray = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": NAMESPACE}
+            if settings.ray_address:
+                kwargs["address"] = settings.ray_address
+            else:
+                # "local", not None: None would silently join whatever RAY_ADDRESS or a
+                # stale /tmp/ray session points at.
+                kwargs.update(address="local", num_cpus=settings.ray_num_cpus, object_store_memory=128 << 20)
+            ray.init(**kwargs)
+            self._owns_ray = True
+        self._remote = ray.remote(num_cpus=settings.ray_num_cpus, max_restarts=0, max_task_retries=0)(DraftActor)
+        self._budget = DraftBudget(settings.min_speculative_tokens, settings.num_speculative_tokens) \
+            if settings.draft_budget == "adaptive" else None
+        self._base = DrafterStats()  # counters of replaced actors
+        self._actor_stats = DrafterStats()  # the live actor's latest counters
+        self._own = DrafterStats()  # kept here: waits, timeouts, restarts
+        self._drops: list[str] = []
+        self._pending: Any = None
+        self._pending_since = 0.0
+        self._prev_end: float | None = None
+        self._restarts_in_a_row = 0
+        self._next_spawn = 0.0
+        self.actor_pid: int | None = None
+        self._closed = False
+        self._spawn()
+        try:
+            self._on_ready(ray.get(self._ready, timeout=START_TIMEOUT_S))
+        except Exception:
+            self.close()
+            raise
+        atexit.register(self.close)
+
+    # -- actor lifetime ---------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        self._actor = self._remote.remote(*self._args)
+        self._ready = self._actor.ready.remote()
+        self._is_ready = False
+
+    def _on_ready(self, info: dict[str, Any]) -> None:
+        self._is_ready = True
+        self.actor_pid = int(info["pid"])
+        logger.info("hetero spec: drafter actor ready (pid %d)", self.actor_pid)
+
+    def _restart(self, reason: str) -> None:
+        logger.warning("hetero spec: drafter actor %s; restarting it, steps run without drafts meanwhile", reason)
+        self._own.ray_restarts += 1
+        self._base = _add(self._base, self._actor_stats)
+        self._actor_stats = DrafterStats()
+        try:
+            self._ray.kill(self._actor, no_restart=True)
+        except Exception:  # already gone
+            pass
+        self._actor, self._pending, self._is_ready = None, None, False
+        self._prev_end = None
+        delay = min(MAX_BACKOFF_S, 0.5 * 2**self._restarts_in_a_row)
+        self._restarts_in_a_row += 1
+        self._next_spawn = time.monotonic() + delay
+
+    def _available(self) -> bool:
+        """Whether the actor can take a step now (spawning or checking it if not)."""
+        ray = self._ray
+        if self._actor is None:
+            if time.monotonic() >= self._next_spawn:
+                self._spawn()
+            return False
+        if not self._is_ready:
+            done, _ = ray.wait([self._ready], timeout=0)
+            if not done:
+                return False
+            try:
+                self._on_ready(ray.get(self._ready))
+            except Exception as err:
+                self._restart(f"failed to start ({type(err).__name__}: {err})")
+                return False
+        if self._pending is not None:
+            done, _ = ray.wait([self._pending], timeout=0)
+            if not done:
+                if time.monotonic() - self._pending_since > HANG_TIMEOUTS * self.settings.ray_timeout_s:
+                    self._restart("is not answering")
+                return False
+            try:
+                ray.get(self._pending)  # a late answer to a step already run undrafted
+            except Exception as err:
+                self._restart(f"failed ({type(err).__name__})")
+                return False
+            self._pending = None
+        return True
+
+    # -- DraftExecutor ----------------------------------------------------------------
+
+    def budget(self) -> int:
+        if self._budget is None:
+            return self.settings.num_speculative_tokens
+        return self._budget.tokens
+
+    def step(self, batch: StepBatch, live: set[str]) -> StepDrafts | None:
+        now = time.perf_counter()
+        if self._prev_end is not None:
+            self._own.ray_target_s += now - self._prev_end
+            if self._budget is not None:
+                self._budget.observe_target(now - self._prev_end)
+        self._prev_end = None
+        if not self._available():
+            self._own.ray_undrafted_steps += 1
+            return None
+        ray = self._ray
+        ref = self._actor.step.remote(batch, live, self._drops)
+        self._drops = []
+        try:
+            reply: ActorReply = ray.get(ref, timeout=self.settings.ray_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self._own.ray_timeouts += 1
+            self._own.ray_undrafted_steps += 1
+            self._own.ray_wait_s += time.perf_counter() - now
+            self._pending, self._pending_since = ref, time.monotonic()
+            return None
+        except (ray.exceptions.RayActorError, ray.exceptions.RaySystemError) as err:
+            self._own.ray_undrafted_steps += 1
+            self._restart(f"died ({type(err).__name__})")
+            return None
+        if self.settings.pipeline:
+            self._actor.speculate.remote()
+        self._restarts_in_a_row = 0
+        self._actor_stats = reply.stats
+        if self._budget is not None:
+            self._budget.observe_draft(reply.busy_s, reply.forwards)
+        end = time.perf_counter()
+        self._own.ray_wait_s += end - now
+        self._own.budget_sum += self.budget()
+        self._prev_end = end
+        return reply.drafts
+
+    def drop(self, req_id: str) -> None:
+        self._drops.append(req_id)
+
+    def reset(self) -> None:
+        if self._actor is not None and self._is_ready:
+            self._actor.reset.remote()
+
+    def stats(self) -> DrafterStats:
+        total = _add(self._base, self._actor_stats)
+        own = self._own
+        return dataclasses.replace(
+            total,
+            ray_wait_s=own.ray_wait_s,
+            ray_target_s=own.ray_target_s,
+            ray_timeouts=own.ray_timeouts,
+            ray_restarts=own.ray_restarts,
+            ray_undrafted_steps=own.ray_undrafted_steps,
+            budget_sum=own.budget_sum,
+            request_states=self._actor_stats.request_states,
+            state_bytes=self._actor_stats.state_bytes,
+        )
+
+    def close(self) -> None:
+        """Kill the actor, and shut Ray down if this process started it."""
+        if self._closed:
+            return
+        self._closed = True
+        ray = self._ray
+        if not ray.is_initialized():
+            return
+        if self._actor is not None:
+            try:
+                ray.kill(self._actor, no_restart=True)
+            except Exception:
+                pass
+            self._actor = None
+        if self._owns_ray:
+            ray.shutdown(wait_for_processes=True)
