@@ -43,6 +43,7 @@ COUNTERS: dict[str, str] = {
     "pipeline_hits": "Ray executor: request-steps whose drafts were ready from the pipelined branch",
     "pipeline_misses": "Ray executor: request-steps whose pipelined branches all missed (drafted on demand)",
     "pipeline_branches": "Ray executor: speculative branches drafted while the target verified",
+    "pipeline_errors": "Ray executor: pipelined drafting failures in the actor (logged; drafts made on demand)",
     "ray_wait_seconds": "Ray executor: seconds the engine waited for the drafter actor",
     "ray_timeouts": "Ray executor: steps the actor did not answer in time (run without drafts)",
     "ray_restarts": "Ray executor: drafter actors restarted after dying or hanging",

@@ -191,9 +191,9 @@ class HeteroProposer:
             return
         if drafts.q is not None:
             full = torch.zeros(len(req_ids), self.k, self.target_vocab)
+            block = full.numpy()  # a view: q arrays from Ray are read-only, so no from_numpy
             for row, q in zip(rows, drafts.q):
-                if len(q):
-                    full[row, : len(q)] = torch.from_numpy(q)
+                block[row, : len(q)] = q
             self._last_probs = full
         fsd = self.settings.algorithm == "fsd"
         plan = VerifyPlan({}, {} if fsd else None, self.settings.fsd_divergence, self.settings.fsd_topk)

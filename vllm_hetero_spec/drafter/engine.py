@@ -15,7 +15,6 @@ needs beyond the ids (q rows, ``union``'s forced rejections, ``fsd``'s threshold
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
@@ -71,7 +70,7 @@ class RequestState:
         if self.generator is not None:
             gen = torch.Generator().set_state(self.generator.get_state())
         return RequestState(
-            bytearray(self.text), self.n_target, list(self.target_tail), copy.deepcopy(self.draft),
+            bytearray(self.text), self.n_target, list(self.target_tail), self.draft.fork(),
             self.cache.fork(), gen, self.params,
         )
 
@@ -181,6 +180,7 @@ class DrafterStats:
     pipeline_misses: int = 0
     pipeline_branches: int = 0
     pipeline_s: float = 0.0
+    pipeline_errors: int = 0
     actor_idle_s: float = 0.0
     ray_wait_s: float = 0.0
     ray_target_s: float = 0.0
@@ -205,6 +205,7 @@ class DrafterStats:
             "pipeline_hits": self.pipeline_hits,
             "pipeline_misses": self.pipeline_misses,
             "pipeline_branches": self.pipeline_branches,
+            "pipeline_errors": self.pipeline_errors,
             "ray_wait_seconds": self.ray_wait_s,
             "ray_timeouts": self.ray_timeouts,
             "ray_restarts": self.ray_restarts,

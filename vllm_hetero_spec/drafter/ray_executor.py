@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import os
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,7 @@ class ActorReply:
     stats: DrafterStats
     busy_s: float
     forwards: int
+    errors: list[str]
 
 
 class DraftActor:
@@ -63,6 +65,7 @@ class DraftActor:
         self._free_since = time.perf_counter()
         self._busy_s = 0.0
         self._forwards_seen = 0
+        self._errors: list[str] = []
 
     def ready(self) -> dict[str, Any]:
         """Start-up barrier and identity (the pid lets tests signal the process)."""
@@ -75,8 +78,8 @@ class DraftActor:
         drafts = self.pipe.step(batch)
         self._busy_s += time.perf_counter() - t0
         forwards = self.engine.stats.draft_forwards - self._forwards_seen
-        reply = ActorReply(drafts, self.engine.snapshot_stats(), self._busy_s, forwards)
-        self._busy_s, self._forwards_seen = 0.0, self.engine.stats.draft_forwards
+        reply = ActorReply(drafts, self.engine.snapshot_stats(), self._busy_s, forwards, self._errors)
+        self._busy_s, self._forwards_seen, self._errors = 0.0, self.engine.stats.draft_forwards, []
         self._free_since = time.perf_counter()
         return reply
 
@@ -85,7 +88,14 @@ class DraftActor:
         t0 = time.perf_counter()
         self.engine.stats.actor_idle_s += t0 - self._free_since
         if self.pipelined:
-            self.pipe.speculate()
+            try:
+                self.pipe.speculate()
+            except Exception:
+                # Speculation only saves time: a failure costs its branches, nothing else.
+                # Nobody waits on this call, so the error travels with the next reply.
+                self.pipe.discard()
+                self.engine.stats.pipeline_errors += 1
+                self._errors.append(traceback.format_exc())
         self._free_since = time.perf_counter()
         self._busy_s += self._free_since - t0
 
@@ -204,6 +214,11 @@ class RayExecutor:
             self._pending = None
         return True
 
+    def poll(self) -> bool:
+        """Whether the actor can draft now; starts a due replacement, and notices one
+        that finished loading (what each step does first)."""
+        return self._available()
+
     # -- DraftExecutor ----------------------------------------------------------------
 
     def budget(self) -> int:
@@ -240,6 +255,8 @@ class RayExecutor:
             self._actor.speculate.remote()
         self._restarts_in_a_row = 0
         self._actor_stats = reply.stats
+        for error in reply.errors:
+            logger.warning("hetero spec: pipelined drafting failed in the actor (drafts are made on demand):\n%s", error)
         if self._budget is not None:
             self._budget.observe_draft(reply.busy_s, reply.forwards)
         end = time.perf_counter()

@@ -16,6 +16,7 @@ the overlap search runs in the compiled core on numpy id arrays.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -164,6 +165,12 @@ class AlignedTokens:
         state that depends on the dropped ones (the draft KV cache).
         """
         return self.apply(self.encoder.encode(self.window(text)))
+
+    def fork(self) -> "AlignedTokens":
+        """An independent copy of the ids and offsets (the encoder is shared)."""
+        other = copy.copy(self)
+        other._ids, other._ends = self._ids.copy(), self._ends.copy()
+        return other
 
     def append_drafted(self, tid: int) -> None:
         """Record a token the drafter produced (it spells text the target has not

@@ -1,0 +1,106 @@
+"""Run in a child process by test_ray_executor.py: one engine with the Ray drafter,
+put through a clean batch, an actor killed mid-batch, an actor frozen mid-batch, and
+shut down. Prints one JSON line with what it observed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import psutil
+from vllm import LLM, SamplingParams
+
+from vllm_hetero_spec.evaluation import RESULT_PREFIX, _find_drafter
+from vllm_hetero_spec.prompts import BRIDGE_STRESS
+
+MAX_TOKENS = 24
+
+
+def _batch(llm: LLM, tag: str, fault: int | None = None) -> dict:
+    """Generate BRIDGE_STRESS greedily; after the third step send ``fault`` to the actor."""
+    engine = llm.llm_engine
+    drafter = _find_drafter(llm)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    for i, prompt in enumerate(BRIDGE_STRESS):
+        engine.add_request(f"{tag}{i}", prompt, params)
+    outputs: dict[str, list[int]] = {}
+    steps, victim, proposed_at_fault = 0, None, None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
+        steps += 1
+        if fault is not None and steps == 3:
+            victim = drafter.executor.actor_pid
+            os.kill(victim, fault)
+            proposed_at_fault = drafter.stats.proposed
+    stats = drafter.stats
+    result = {
+        "token_ids": [outputs[f"{tag}{i}"] for i in range(len(BRIDGE_STRESS))],
+        "stats": stats.as_metrics(),
+        "proposed": stats.proposed,
+        "proposed_at_fault": proposed_at_fault,
+        "victim": victim,
+        "actor_pid": drafter.executor.actor_pid,
+    }
+    if fault is not None:
+        # The replacement may still be loading when the batch ends; wait for it.
+        deadline = time.monotonic() + 180
+        while not drafter.executor.poll() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        result["recovered"] = {
+            "restarts": drafter.stats.ray_restarts,
+            "victim_alive": _alive_pid(victim),
+            "actor_pid": drafter.executor.actor_pid,
+        }
+    return result
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _alive_pid(pid: int) -> bool:
+    try:
+        return _alive(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline()[:2])[:120]
+    except psutil.Error:
+        return str(proc.pid)
+
+
+def main(target: str, draft: str, algorithm: str) -> None:
+    llm = LLM(
+        model=target,
+        dtype="float32",
+        max_model_len=1024,
+        enforce_eager=True,
+        speculative_config={
+            "method": "hetero", "model": draft, "num_speculative_tokens": 4, "algorithm": algorithm,
+            "executor": "ray", "ray_timeout_s": 3.0, "max_branches": 3,
+        },
+    )
+    result = {"clean": _batch(llm, "c"), "killed": _batch(llm, "k", signal.SIGKILL)}
+    result["frozen"] = _batch(llm, "f", signal.SIGSTOP)
+    result["after"] = _batch(llm, "a")
+    ours = [p for p in psutil.Process().children(recursive=True) if _alive(p)]
+    result["processes_before_shutdown"] = [_describe(p) for p in ours]
+    llm.llm_engine.engine_core.shutdown()
+    time.sleep(1.0)
+    result["left_after_shutdown"] = [_describe(p) for p in ours if _alive(p)]
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
