@@ -26,6 +26,17 @@ def _engine_config(target: str, spec):
         ({"lookbehind": -1}, "'lookbehind'"),
         ({"draft_tokenizer": "/nonexistent/tok"}, "'draft_tokenizer'"),
         ({"min_shared_tokens": 10_000_000}, "'min_shared_tokens'"),
+        ({"executor": "threads"}, "'executor'"),
+        ({"pipeline": False}, "'pipeline'"),  # a Ray-only key without the Ray executor
+        ({"max_branches": 2}, "'max_branches'"),
+        ({"draft_budget": "adaptive"}, "'draft_budget'"),
+        ({"executor": "ray", "draft_budget": "greedy"}, "'draft_budget'"),
+        ({"executor": "ray", "ray_timeout_s": 0}, "'ray_timeout_s'"),
+        ({"executor": "ray", "ray_num_cpus": 0}, "'ray_num_cpus'"),
+        ({"executor": "ray", "pipeline": "yes"}, "'pipeline'"),
+        ({"executor": "ray", "max_branches": 0}, "'max_branches'"),
+        ({"executor": "ray", "ray_address": ""}, "'ray_address'"),
+        ({"executor": "ray", "min_speculative_tokens": 5}, "'min_speculative_tokens'"),
     ],
 )
 def test_bad_config_names_key(gemma: str, smollm2: str, override: dict, key: str) -> None:
@@ -33,6 +44,13 @@ def test_bad_config_names_key(gemma: str, smollm2: str, override: dict, key: str
     with pytest.raises(HeteroConfigError) as err:
         _engine_config(gemma, spec)
     assert key in str(err.value)
+
+
+def test_ray_settings_travel_to_the_workers(gemma: str, smollm2: str) -> None:
+    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "executor": "ray", "ray_num_cpus": 2}
+    settings = _engine_config(gemma, spec).additional_config["hetero_spec"]
+    assert settings["executor"] == "ray" and settings["draft_budget"] == "adaptive"
+    assert (settings["ray_num_cpus"], settings["ray_threads"], settings["max_branches"]) == (2, 2, 4)
 
 
 def test_unreadable_draft_model(gemma: str, tmp_path) -> None:

@@ -43,5 +43,5 @@ class DraftBudget:
         """The budget for the next step (the maximum until both times are known)."""
         if self.target_s is None or self.token_s is None:
             return self.max_tokens
-        fit = math.floor(self.target_s / self.token_s)
+        fit = math.floor(self.target_s / self.token_s + 1e-9)  # 0.3 / 0.1 is 2.999...
         return max(self.min_tokens, min(self.max_tokens, fit))
