@@ -19,8 +19,10 @@ from vllm_hetero_spec.prompts import BRIDGE_STRESS
 MAX_TOKENS = 24
 
 
-def _batch(llm: LLM, tag: str, fault: int | None = None) -> dict:
-    """Generate BRIDGE_STRESS greedily; after the third step send ``fault`` to the actor."""
+def _batch(llm: LLM, tag: str, fault: int | None = None, pace_s: float = 0.0) -> dict:
+    """Generate BRIDGE_STRESS greedily; after the third step send ``fault`` to the actor.
+    ``pace_s`` between steps stands in for a target slower than the drafter (the regime
+    pipelining is for; here the 0.5B target is quicker than the actor's one core)."""
     engine = llm.llm_engine
     drafter = _find_drafter(llm)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
@@ -33,6 +35,7 @@ def _batch(llm: LLM, tag: str, fault: int | None = None) -> dict:
             if out.finished:
                 outputs[out.request_id] = list(out.outputs[0].token_ids)
         steps += 1
+        time.sleep(pace_s)
         if fault is not None and steps == 3:
             victim = drafter.executor.actor_pid
             os.kill(victim, fault)
@@ -91,7 +94,7 @@ def main(target: str, draft: str, algorithm: str) -> None:
             "executor": "ray", "ray_timeout_s": 3.0, "max_branches": 3,
         },
     )
-    result = {"clean": _batch(llm, "c"), "killed": _batch(llm, "k", signal.SIGKILL)}
+    result = {"clean": _batch(llm, "c", pace_s=1.0), "killed": _batch(llm, "k", signal.SIGKILL)}
     result["frozen"] = _batch(llm, "f", signal.SIGSTOP)
     result["after"] = _batch(llm, "a")
     ours = [p for p in psutil.Process().children(recursive=True) if _alive(p)]

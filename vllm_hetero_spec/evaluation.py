@@ -7,6 +7,7 @@ several in one benchmark or test session. The child prints one JSON line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -132,6 +133,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     if stats is not None:
         result["fallbacks"] = stats.fallbacks
         result["drafter_stats"] = stats.as_metrics()
+        result["drafter_raw"] = dataclasses.asdict(stats)
     if stats is not None and stats.steps:
         result["bridge_ms_per_step"] = 1e3 * stats.bridge_s / stats.steps
         result["draft_ms_per_step"] = 1e3 * stats.draft_s / stats.steps

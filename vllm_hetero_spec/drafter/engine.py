@@ -19,6 +19,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -264,10 +265,13 @@ class DraftEngine:
 
     # -- per-step work ----------------------------------------------------------------
 
-    def step(self, batch: StepBatch, speculative: bool = False) -> StepDrafts:
+    def step(
+        self, batch: StepBatch, speculative: bool = False, stop: Callable[[], bool] | None = None
+    ) -> StepDrafts:
         """Sync every row with its committed tokens and draft them (one packed loop).
         A ``speculative`` step (``drafter/pipeline.py``) is left out of the per-step
-        counters, which describe the drafts vLLM actually received."""
+        counters, which describe the drafts vLLM actually received; ``stop`` ends its
+        draft loop early (shorter drafts are still valid drafts)."""
         t0 = time.perf_counter()
         req_ids = batch.req_ids
         budget = max(1, min(batch.budget, self.k))
@@ -277,7 +281,7 @@ class DraftEngine:
         t1 = time.perf_counter()
         first = self._first_tokens(active_ids) if self.string_level is not None else {}
         drafting = [r for r in active_ids if r not in first or first[r].continues]
-        draft = self._draft(drafting, budget)
+        draft = self._draft(drafting, budget, stop)
         t2 = time.perf_counter()
         out = StepDrafts([[] for _ in req_ids], None, ready=ready)
         algorithm = self.settings.algorithm
@@ -365,7 +369,7 @@ class DraftEngine:
             [self.states[r].generator for r in req_ids],
         )
 
-    def _draft(self, req_ids: list[str], budget: int) -> DraftOutput:
+    def _draft(self, req_ids: list[str], budget: int, stop: Callable[[], bool] | None = None) -> DraftOutput:
         """Run the packed draft loop: per request the proposals (draft ids for slem and
         dtw, target ids for the token-level algorithms), each token's probability under
         the distribution it was sampled from, and for the token-level algorithms the full
@@ -424,7 +428,7 @@ class DraftEngine:
                     continue
                 still.append(i)
             live = still
-            if not live or step == n_steps - 1:
+            if not live or step == n_steps - 1 or (stop is not None and stop()):
                 break
         if token_level:
             return DraftOutput(proposals, token_q, [torch.stack(p) if p else torch.empty(0) for p in probs], absent)

@@ -19,6 +19,7 @@ without pipelining.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,10 +105,12 @@ class PipelinedDrafter:
                 self.engine.states.pop(branch.key, None)
         self.branches.clear()
 
-    def speculate(self) -> None:
+    def speculate(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Draft the next step of every request of the last step, assuming its drafts
-        are all accepted, with one branch per likely bonus token."""
-        if self._last is None:
+        are all accepted, with one branch per likely bonus token. ``stop`` (checked
+        between drafter forwards) cuts the work short when the next step is already
+        asking: speculation must never make the target wait."""
+        if self._last is None or stop():
             return
         t0 = time.perf_counter()
         batch, drafts = self._last
@@ -132,17 +135,25 @@ class PipelinedDrafter:
                 engine.states.pop(keys[j])
         if live:
             self._branch([keys[j] for j in live], [bases[j] for j in live], [params[j] for j in live],
-                         [owners[j] for j in live], batch.budget)
+                         [owners[j] for j in live], batch.budget, stop)
+        for key in [k for k in engine.states if _BRANCH in k and k not in self._branch_keys()]:
+            del engine.states[key]  # cut short, or no candidates
         engine.stats.pipeline_s += time.perf_counter() - t0
 
+    def _branch_keys(self) -> set[str]:
+        return {b.key for branches in self.branches.values() for b in branches}
+
     def _branch(
-        self, keys: list[str], bases: list[np.ndarray], params: list[RequestParams], owners: list[str], budget: int
+        self, keys: list[str], bases: list[np.ndarray], params: list[RequestParams], owners: list[str], budget: int,
+        stop: Callable[[], bool],
     ) -> None:
         """Pick each request's bonus-token candidates and draft one branch per candidate."""
         engine = self.engine
         n_draft = len(engine.bridge.draft_bytes)
         probs = engine.next_logits(keys)[:, :n_draft].softmax(dim=-1)
         top_p, top_ids = probs.topk(self.max_branches, dim=-1)
+        if stop():
+            return
         second = self._second_token_top(keys, top_ids[:, 0].tolist())
         draft_enc = engine.bridge.draft_encoder
         tails, texts, where = [], [], []
@@ -170,14 +181,13 @@ class PipelinedDrafter:
                 b_tokens.append(assumed)
                 b_params.append(params[j])
                 made.append((owners[j], assumed, b_key))
-            if not candidates.get(j):
-                engine.states.pop(key)
-        if not b_keys:
+        if not b_keys or stop():
             return
-        drafted = engine.step(StepBatch(b_keys, b_tokens, b_params, budget), speculative=True)
+        drafted = engine.step(StepBatch(b_keys, b_tokens, b_params, budget), speculative=True, stop=stop)
         engine.stats.pipeline_branches += len(b_keys)
         for n, (owner, assumed, b_key) in enumerate(made):
-            self.branches.setdefault(owner, []).append(Branch(assumed, b_key, drafted.select([n])))
+            if drafted.ids[n]:  # an empty branch would answer a hit with no drafts at all
+                self.branches.setdefault(owner, []).append(Branch(assumed, b_key, drafted.select([n])))
 
     def _second_token_top(self, keys: list[str], top1: list[int]) -> list[float]:
         """The drafter's top probability for the token after each request's top-1

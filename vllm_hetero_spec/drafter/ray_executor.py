@@ -20,6 +20,7 @@ import atexit
 import dataclasses
 import logging
 import os
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -62,7 +63,12 @@ class DraftActor:
         self.engine = DraftEngine(parsed, target_tokenizer, target_vocab)
         self.pipe = PipelinedDrafter(self.engine, parsed.max_branches)
         self.pipelined = parsed.pipeline
-        self._free_since = time.perf_counter()
+        # Two calls may be in the actor at once (max_concurrency=2): a step arriving
+        # while speculation runs flags itself, speculation stops at its next drafter
+        # forward, and the step takes the lock. The engine is only used under the lock.
+        self._lock = threading.Lock()
+        self._step_waiting = threading.Event()
+        self._free_since: float | None = None
         self._busy_s = 0.0
         self._forwards_seen = 0
         self._errors: list[str] = []
@@ -72,8 +78,18 @@ class DraftActor:
         return {"pid": os.getpid(), "draft_vocab": self.engine.runtime.vocab_size}
 
     def step(self, batch: StepBatch, live: set[str], drops: list[str]) -> ActorReply:
+        self._step_waiting.set()
+        with self._lock:
+            self._step_waiting.clear()
+            return self._step(batch, live, drops)
+
+    def _idle_until(self, t: float) -> None:
+        if self._free_since is not None:
+            self.engine.stats.actor_idle_s += max(0.0, t - self._free_since)
+
+    def _step(self, batch: StepBatch, live: set[str], drops: list[str]) -> ActorReply:
         t0 = time.perf_counter()
-        self.engine.stats.actor_idle_s += t0 - self._free_since
+        self._idle_until(t0)
         self.pipe.keep_only(live - set(drops))
         drafts = self.pipe.step(batch)
         self._busy_s += time.perf_counter() - t0
@@ -85,23 +101,29 @@ class DraftActor:
 
     def speculate(self) -> None:
         """Draft the next step assuming this one's drafts are all accepted."""
+        if not self.pipelined:
+            return
+        with self._lock:
+            self._speculate()
+
+    def _speculate(self) -> None:
         t0 = time.perf_counter()
-        self.engine.stats.actor_idle_s += t0 - self._free_since
-        if self.pipelined:
-            try:
-                self.pipe.speculate()
-            except Exception:
-                # Speculation only saves time: a failure costs its branches, nothing else.
-                # Nobody waits on this call, so the error travels with the next reply.
-                self.pipe.discard()
-                self.engine.stats.pipeline_errors += 1
-                self._errors.append(traceback.format_exc())
+        self._idle_until(t0)
+        try:
+            self.pipe.speculate(self._step_waiting.is_set)
+        except Exception:
+            # Speculation only saves time: a failure costs its branches, nothing else.
+            # Nobody waits on this call, so the error travels with the next reply.
+            self.pipe.discard()
+            self.engine.stats.pipeline_errors += 1
+            self._errors.append(traceback.format_exc())
         self._free_since = time.perf_counter()
         self._busy_s += self._free_since - t0
 
     def reset(self) -> None:
-        self.pipe.discard()
-        self.engine.states.clear()
+        with self._lock:
+            self.pipe.discard()
+            self.engine.states.clear()
 
 
 def _import_ray() -> Any:
@@ -135,7 +157,9 @@ class RayExecutor:
                 kwargs.update(address="local", num_cpus=settings.ray_num_cpus, object_store_memory=128 << 20)
             ray.init(**kwargs)
             self._owns_ray = True
-        self._remote = ray.remote(num_cpus=settings.ray_num_cpus, max_restarts=0, max_task_retries=0)(DraftActor)
+        self._remote = ray.remote(
+            num_cpus=settings.ray_num_cpus, max_restarts=0, max_task_retries=0, max_concurrency=2
+        )(DraftActor)
         self._budget = DraftBudget(settings.min_speculative_tokens, settings.num_speculative_tokens) \
             if settings.draft_budget == "adaptive" else None
         self._base = DrafterStats()  # counters of replaced actors
