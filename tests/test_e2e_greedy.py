@@ -46,10 +46,13 @@ CASES = [
     ("qwen05", {"algorithm": "union"}),
     ("gemma", {"algorithm": "fsd", "fsd_threshold": 0.0}),
     ("qwen05", {"algorithm": "slrs"}),
+    # Drafting in a Ray actor (pipelined, adaptive budget): union's forced rejections
+    # travel back from the actor too. test_ray_executor.py covers faults and shutdown.
+    ("qwen05", {"algorithm": "union", "executor": "ray"}),
 ]
 
 
-@pytest.mark.parametrize("target_name,settings", CASES, ids=[f"{t}-{s['algorithm']}" for t, s in CASES])
+@pytest.mark.parametrize("target_name,settings", CASES, ids=[f"{t}-{s['algorithm']}" + ("-ray" if "executor" in s else "") for t, s in CASES])
 def test_identical_to_target_alone(target_name: str, settings: dict, request: pytest.FixtureRequest,
                                    smollm2: str) -> None:
     target = request.getfixturevalue(target_name)

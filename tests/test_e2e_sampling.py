@@ -61,11 +61,13 @@ def plain_t1(gemma: str) -> list[list[int]]:
     return _sample(gemma, 0, 1.0)
 
 
-@pytest.mark.parametrize("algorithm", ["slem", "tli", "dtw", "slrs"])
-def test_output_distribution_matches_target(gemma: str, smollm2: str, plain_t1, algorithm: str) -> None:
-    """Every lossless mode (dtw in its lossless verification mode)."""
+@pytest.mark.parametrize("algorithm,executor", [("slem", "inprocess"), ("tli", "inprocess"), ("dtw", "inprocess"),
+                                                ("slrs", "inprocess"), ("tli", "ray")])
+def test_output_distribution_matches_target(gemma: str, smollm2: str, plain_t1, algorithm: str, executor: str) -> None:
+    """Every lossless mode (dtw in its lossless verification mode); tli also drafting in
+    a Ray actor, where pipelined drafts come from forked random streams."""
     spec = _sample(gemma, 10_000, 1.0, {"method": "hetero", "model": smollm2, "num_speculative_tokens": 3,
-                                        "algorithm": algorithm, "dtw_verify": "lossless"})
+                                        "algorithm": algorithm, "dtw_verify": "lossless", "executor": executor})
     for pos in (1, 2):
         p = _pvalue([o[pos] for o in plain_t1], [o[pos] for o in spec])
         assert p > 1e-3, f"{algorithm}: position {pos} distribution differs from the target's (p={p:.1e})"

@@ -32,6 +32,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1, help="requests submitted together")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--draft-dtype", default="float32")
+    ap.add_argument("--executor", default="inprocess", choices=("inprocess", "ray"),
+                    help="ray: draft in a Ray actor on CPU cores, pipelined with the target")
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
 
@@ -52,7 +54,10 @@ def main() -> None:
         "algorithm": args.algorithm,
         "draft_dtype": args.draft_dtype,
     }
-    print(f"target={args.target} draft={args.draft} algorithm={args.algorithm} k={args.num_speculative_tokens} "
+    if args.executor == "ray":
+        spec["executor"] = "ray"
+    print(f"target={args.target} draft={args.draft} algorithm={args.algorithm} executor={args.executor} "
+          f"k={args.num_speculative_tokens} "
           f"prompts={len(prompts)} max_tokens={args.max_tokens} batch={args.batch_size} T={args.temperature}",
           flush=True)
     plain = run_isolated(base)

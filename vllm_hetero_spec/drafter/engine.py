@@ -120,9 +120,9 @@ class StepDrafts:
 
     @staticmethod
     def concat(parts: list["StepDrafts"]) -> "StepDrafts":
-        """Rows of ``parts`` one after the other (all from the same algorithm)."""
-        out = StepDrafts([], None if parts and parts[0].q is None else [], {}, None, [])
-        if parts and parts[0].fsd_threshold is not None:
+        """Rows of ``parts`` (at least one, all from the same algorithm) one after the other."""
+        out = StepDrafts([], None if parts[0].q is None else [], {}, None, [])
+        if parts[0].fsd_threshold is not None:
             out.fsd_threshold = []
         for part in parts:
             base = len(out.ids)

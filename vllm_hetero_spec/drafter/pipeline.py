@@ -84,9 +84,12 @@ class PipelinedDrafter:
             StepBatch([batch.req_ids[i] for i in rest], [batch.tokens[i] for i in rest],
                       [batch.params[i] for i in rest], batch.budget)
         )
-        parts = {i: drafted.select([j]) for j, i in enumerate(rest)}
-        parts.update(hits)
-        out = StepDrafts.concat([parts[i] for i in range(len(batch.req_ids))])
+        if not hits:
+            out = drafted
+        else:
+            parts = {i: drafted.select([j]) for j, i in enumerate(rest)}
+            parts.update(hits)
+            out = StepDrafts.concat([parts[i] for i in range(len(batch.req_ids))])
         self._last = (batch, out)
         return out
 

@@ -203,6 +203,7 @@ class RayExecutor:
         except Exception:  # already gone
             pass
         self._actor, self._pending, self._is_ready = None, None, False
+        self._drops = []  # the replacement starts without any request state
         self._prev_end = None
         delay = min(MAX_BACKOFF_S, 0.5 * 2**self._restarts_in_a_row)
         self._restarts_in_a_row += 1
