@@ -26,14 +26,15 @@ def default_env() -> dict[str, str]:
     return env
 
 
-def run_isolated(job: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
-    """Run :func:`run_job` on ``job`` in a child process and return its result."""
+def run_isolated(job: dict[str, Any], timeout: float = 1800, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run :func:`run_job` on ``job`` in a child process (``env`` added to its
+    environment) and return its result."""
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_hetero_spec.evaluation", json.dumps(job)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=default_env(),
+        env={**default_env(), **(env or {})},
     )
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
@@ -59,6 +60,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
     Keys: target, prompts, max_tokens, temperature, seed, speculative_config (or None),
     dtype, max_model_len, batch_size (requests submitted at once; default all),
+    tensor_parallel_size (default 1),
     warmup (default True), stop (strings that end a request's output; default none).
     """
     from vllm import LLM, SamplingParams
@@ -72,6 +74,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         disable_log_stats=False,
         seed=job.get("seed", 0),
         max_num_seqs=job.get("max_num_seqs", 16),
+        tensor_parallel_size=job.get("tensor_parallel_size", 1),
     )
     temp = job.get("temperature", 0.0)
     seeds = job.get("request_seeds")

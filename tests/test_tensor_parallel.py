@@ -1,0 +1,37 @@
+"""A tensor-parallel target (TP = 2, two CPU worker processes): only rank 0 drafts and
+broadcasts its drafts and q rows every step; every rank must verify the same proposals,
+so T = 0 output stays identical to the same TP = 2 engine without speculation. Run with
+the drafter in process and in a Ray actor (one actor for the whole engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_hetero_spec.evaluation import run_isolated
+from vllm_hetero_spec.prompts import BRIDGE_STRESS
+
+pytestmark = pytest.mark.e2e
+
+# The CPU build binds each worker's threads to its own cores; this machine has one NUMA node.
+ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+def _job(target: str, spec: dict | None) -> dict:
+    return {
+        "target": target, "prompts": BRIDGE_STRESS[:4], "max_tokens": 16, "temperature": 0.0,
+        "max_model_len": 512, "speculative_config": spec, "warmup": False, "tensor_parallel_size": 2,
+    }
+
+
+@pytest.fixture(scope="module")
+def plain(qwen05: str) -> dict:
+    return run_isolated(_job(qwen05, None), env=ENV)
+
+
+@pytest.mark.parametrize("executor", ["inprocess", "ray"])
+def test_tp2_identical_to_target_alone(qwen05: str, smollm2: str, plain: dict, executor: str) -> None:
+    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": "tli",
+            "executor": executor}
+    result = run_isolated(_job(qwen05, spec), env=ENV)
+    assert result["token_ids"] == plain["token_ids"]
+    assert result["num_accepted_tokens"] > 0
