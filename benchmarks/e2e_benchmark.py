@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
+
+from report import fmt, median
 
 from vllm_hetero_spec.evaluation import run_isolated
 from vllm_hetero_spec.models import ensure_model
@@ -48,10 +49,6 @@ def configs(draft: str, same_vocab_draft: str, k: int) -> dict[str, dict | None]
         },
     }
 
-
-def _median(xs: list[float | None]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def main() -> None:
@@ -101,26 +98,23 @@ def main() -> None:
             if not runs:
                 rows.append({"config": name, "temperature": temp, "batch_size": bs, "error": "failed"})
                 continue
-            tps = _median([r["tok_per_s"] for r in runs])
+            tps = median([r["tok_per_s"] for r in runs])
             if name == "plain":
                 plain_tps = tps
             rows.append({
                 "config": name, "temperature": temp, "batch_size": bs, "repeats": len(runs),
                 "tok_per_s": tps,
                 "speedup": tps / plain_tps if plain_tps else None,
-                "acceptance_rate": _median([r["acceptance_rate"] for r in runs]),
-                "mean_acceptance_length": _median([r["mean_acceptance_length"] for r in runs]),
-                "bridge_ms_per_step": _median([r.get("bridge_ms_per_step") for r in runs]),
-                "draft_ms_per_step": _median([r.get("draft_ms_per_step") for r in runs]),
+                "acceptance_rate": median([r["acceptance_rate"] for r in runs]),
+                "mean_acceptance_length": median([r["mean_acceptance_length"] for r in runs]),
+                "bridge_ms_per_step": median([r.get("bridge_ms_per_step") for r in runs]),
+                "draft_ms_per_step": median([r.get("draft_ms_per_step") for r in runs]),
             })
             # Written after every row, so an interrupted run keeps what it measured.
             (OUT / "e2e.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
             (OUT / "e2e.md").write_text(to_markdown(rows, args))
     print(to_markdown(rows, args))
 
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
 
 
 def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
@@ -137,9 +131,9 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
             continue
         lines.append(
             f"| {r['temperature']} | {r['batch_size']} | {r['config']} | {r['tok_per_s']:.2f} | "
-            f"{_fmt(r['speedup'], '.2f')}x | {_fmt(r['acceptance_rate'], '.1%')} | "
-            f"{_fmt(r['mean_acceptance_length'], '.2f')} | {_fmt(r['bridge_ms_per_step'], '.2f')} | "
-            f"{_fmt(r['draft_ms_per_step'], '.0f')} |"
+            f"{fmt(r['speedup'], '.2f')}x | {fmt(r['acceptance_rate'], '.1%')} | "
+            f"{fmt(r['mean_acceptance_length'], '.2f')} | {fmt(r['bridge_ms_per_step'], '.2f')} | "
+            f"{fmt(r['draft_ms_per_step'], '.0f')} |"
         )
     return "\n".join(lines) + "\n"
 

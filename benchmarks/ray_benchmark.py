@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 from pathlib import Path
+
+from report import fmt, median
 
 from vllm_hetero_spec.evaluation import run_isolated
 from vllm_hetero_spec.models import ensure_model
@@ -44,10 +45,6 @@ def configs(draft: str, algorithm: str, k: int, cpus: int) -> dict[str, dict | N
         "ray pipeline, multi-sequence, adaptive k": ray,
     }
 
-
-def _median(xs: list[float | None]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def timing(run: dict) -> dict[str, float | None]:
@@ -110,24 +107,21 @@ def main() -> None:
             if not runs:
                 rows.append({"config": name, "temperature": temp, "error": "failed"})
                 continue
-            tps = _median([r["tok_per_s"] for r in runs])
+            tps = median([r["tok_per_s"] for r in runs])
             plain_tps = tps if name == "plain" else plain_tps
             times = [timing(r) for r in runs]
             rows.append({
                 "config": name, "temperature": temp, "repeats": len(runs), "tok_per_s": tps,
                 "speedup": tps / plain_tps if plain_tps else None,
-                "acceptance_rate": _median([r["acceptance_rate"] for r in runs]),
+                "acceptance_rate": median([r["acceptance_rate"] for r in runs]),
                 "restarts": max(r.get("drafter_raw", {}).get("ray_restarts", 0) for r in runs),
-                **{key: _median([t.get(key) for t in times]) for key in
+                **{key: median([t.get(key) for t in times]) for key in
                    ("wait_ms", "target_ms", "actor_idle_ms", "overlap", "hit_rate", "budget")},
             })
             (OUT / "ray.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
             (OUT / "ray.md").write_text(to_markdown(rows, args))
     print(to_markdown(rows, args))
 
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
 
 
 def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
@@ -145,10 +139,10 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
             lines.append(f"| {r['temperature']} | {r['config']} | failed | | | | | | | | |")
             continue
         lines.append(
-            f"| {r['temperature']} | {r['config']} | {r['tok_per_s']:.2f} | {_fmt(r['speedup'], '.2f')}x | "
-            f"{_fmt(r['acceptance_rate'], '.1%')} | {_fmt(r['wait_ms'], '.0f')} | {_fmt(r['target_ms'], '.0f')} | "
-            f"{_fmt(r['actor_idle_ms'], '.0f')} | {_fmt(r['overlap'], '.0%')} | {_fmt(r['hit_rate'], '.0%')} | "
-            f"{_fmt(r['budget'], '.1f')} |"
+            f"| {r['temperature']} | {r['config']} | {r['tok_per_s']:.2f} | {fmt(r['speedup'], '.2f')}x | "
+            f"{fmt(r['acceptance_rate'], '.1%')} | {fmt(r['wait_ms'], '.0f')} | {fmt(r['target_ms'], '.0f')} | "
+            f"{fmt(r['actor_idle_ms'], '.0f')} | {fmt(r['overlap'], '.0%')} | {fmt(r['hit_rate'], '.0%')} | "
+            f"{fmt(r['budget'], '.1f')} |"
         )
     return "\n".join(lines) + "\n"
 
