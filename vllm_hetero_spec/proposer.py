@@ -105,6 +105,8 @@ class HeteroProposer:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
         if self.executor is not None:
             self.executor.drop(req_id)
+            # The gauges must follow now: an idle server runs no further step.
+            self._publish_states(self.executor.stats())
 
     def shutdown(self) -> None:
         """Release the executor (the Ray actor, and a cluster we started)."""
@@ -209,7 +211,10 @@ class HeteroProposer:
         stats = self.stats
         for name, value in stats.as_metrics().items():
             self.board.set(name, value)
-        self.board.set("request_states", stats.request_states)
-        self.board.set("draft_state_bytes", stats.state_bytes)
+        self._publish_states(stats)
         if self.executor is not None:
             self.board.set("draft_budget", self.executor.budget())
+
+    def _publish_states(self, stats: DrafterStats) -> None:
+        self.board.set("request_states", stats.request_states)
+        self.board.set("draft_state_bytes", stats.state_bytes)
