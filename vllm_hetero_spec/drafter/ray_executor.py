@@ -187,6 +187,7 @@ class RayExecutor:
         self._actor = self._remote.remote(*self._args)
         self._ready = self._actor.ready.remote()
         self._is_ready = False
+        self._spawned_at = time.monotonic()
 
     def _on_ready(self, info: dict[str, Any]) -> None:
         self._is_ready = True
@@ -219,6 +220,8 @@ class RayExecutor:
         if not self._is_ready:
             done, _ = ray.wait([self._ready], timeout=0)
             if not done:
+                if time.monotonic() - self._spawned_at > START_TIMEOUT_S:
+                    self._restart("did not start in time")
                 return False
             try:
                 self._on_ready(ray.get(self._ready))
