@@ -20,7 +20,6 @@ import math
 import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -241,10 +240,6 @@ class DraftEngine:
                 settings.slrs_candidates,
                 settings.slrs_min_prob,
             )
-
-    @property
-    def draft_name(self) -> str:
-        return Path(self.settings.draft_model).name
 
     # -- request lifetime -------------------------------------------------------------
 
@@ -472,9 +467,7 @@ class DraftEngine:
             return {}
         states = [self.states[req_ids[i]] for i in sampled]
         caches = [s.cache for s in states]
-        pending = [s.draft.ids[s.cache.length :].tolist() for s in states]
-        logits = self.runtime.forward(caches, pending)[:, : len(self.bridge.draft_bytes)]
-        self.stats.draft_forwards += 1
+        logits = self.next_logits([req_ids[i] for i in sampled])[:, : len(self.bridge.draft_bytes)]
         sub = SamplingRows(
             rows.temperature[sampled], rows.top_k[sampled], rows.top_p[sampled], [rows.generators[i] for i in sampled]
         )

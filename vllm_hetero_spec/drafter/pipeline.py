@@ -98,8 +98,7 @@ class PipelinedDrafter:
         for req_id in [r for r in self.branches if r not in live]:
             for branch in self.branches.pop(req_id):
                 self.engine.states.pop(branch.key, None)
-        keys = {b.key for branches in self.branches.values() for b in branches}
-        self.engine.keep_only(live | keys)
+        self.engine.keep_only(live | self._branch_keys())
 
     def discard(self) -> None:
         """Drop every speculative branch."""
@@ -139,7 +138,8 @@ class PipelinedDrafter:
         if live:
             self._branch([keys[j] for j in live], [bases[j] for j in live], [params[j] for j in live],
                          [owners[j] for j in live], batch.budget, stop)
-        for key in [k for k in engine.states if _BRANCH in k and k not in self._branch_keys()]:
+        kept = self._branch_keys()
+        for key in [k for k in engine.states if _BRANCH in k and k not in kept]:
             del engine.states[key]  # cut short, or no candidates
         engine.stats.pipeline_s += time.perf_counter() - t0
 
