@@ -18,7 +18,7 @@ from vllm import SamplingParams
 from vllm_hetero_spec import proposer as proposer_module
 from vllm_hetero_spec.drafter import engine as engine_module
 from vllm_hetero_spec.config import HeteroSettings
-from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
+from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache
 from vllm_hetero_spec.drafter.token_level import ABSENT_PLACEHOLDER
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 
@@ -30,14 +30,16 @@ class ScriptedRuntime:
 
     script: list[int] = []
 
-    def __init__(self, model_path: str, dtype: torch.dtype) -> None:
+    def __init__(self, cfg) -> None:
         self.vocab_size = 49152
         self.calls = 0
+        self.device = torch.device("cpu")
+        self.pool = BlockPool(1 << 16, 32, 0)
 
-    def new_cache(self) -> RequestKVCache:
-        return RequestKVCache(1, 1, 1, torch.float32)
+    def new_cache(self) -> PagedCache:
+        return PagedCache(self.pool)
 
-    def forward(self, caches: list[RequestKVCache], new_tokens: list[list[int]]) -> torch.Tensor:
+    def forward(self, caches: list[PagedCache], new_tokens: list[list[int]]) -> torch.Tensor:
         for cache, toks in zip(caches, new_tokens):
             assert toks, "the real runtime needs at least one new token per request"
             cache.advance(len(toks))

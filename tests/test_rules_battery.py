@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
+from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
 from vllm_hetero_spec.drafter.slrs import StringLevelProposer
 from vllm_hetero_spec.drafter.token_level import draft_step
@@ -223,7 +223,7 @@ def draft_slrs(pair: Pair, sampling: Sampling) -> Block:
         min_prob=0.01,
     )
     first = proposer.propose(
-        MarkovDrafter(pair.draft_logits), [RequestKVCache(1, 1, 1, torch.float32)],
+        MarkovDrafter(pair.draft_logits), [PagedCache(BlockPool(64, 32, 0))],
         pair.draft_logits[pair.start_d].unsqueeze(0), sampling.rows(1),
     )
     q0 = first.q_rows[0]

@@ -90,6 +90,9 @@ class HeteroSettings:
         draft_budget: ``fixed`` (always ``num_speculative_tokens``) or ``adaptive``
             (``ray`` only: as many as fit in a target step, see ``drafter/budget.py``).
         min_speculative_tokens: the adaptive budget's floor.
+        draft_kv_pool_mb: the drafter's paged KV pool, in MiB, reserved once on the
+            target's device (``drafter/paged_kv.py``); a request that finds it full
+            runs undrafted (counted) until blocks free up.
     """
 
     algorithm: str
@@ -118,6 +121,7 @@ class HeteroSettings:
     max_branches: int = 4
     draft_budget: str = "fixed"
     min_speculative_tokens: int = 1
+    draft_kv_pool_mb: int = 512
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -132,6 +136,7 @@ HETERO_KEYS = (
     "draft_stop_prob", "dtw_window", "dtw_verify", "fsd_threshold", "fsd_divergence", "fsd_topk",
     "slrs_max_nodes", "slrs_candidates", "slrs_min_prob", "executor", "ray_address", "ray_num_cpus", "ray_threads",
     "ray_timeout_s", "pipeline", "max_branches", "draft_budget", "min_speculative_tokens",
+    "draft_kv_pool_mb",
 )
 FSD_THRESHOLD_ARG = "fsd_threshold"
 
@@ -321,10 +326,11 @@ def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]
         slrs_max_nodes=_int(spec, "slrs_max_nodes", 32, 0),
         slrs_candidates=_int(spec, "slrs_candidates", 8, 1),
         slrs_min_prob=float(slrs_min_prob),
+        draft_kv_pool_mb=_int(spec, "draft_kv_pool_mb", 512, 1),
         **executor,
     )
     for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens", "dtw_window", "fsd_topk", "slrs_max_nodes",
-                "slrs_candidates", "ray_num_cpus", "ray_threads", "max_branches", "min_speculative_tokens"):
+                "slrs_candidates", "ray_num_cpus", "ray_threads", "max_branches", "min_speculative_tokens", "draft_kv_pool_mb"):
         spec.pop(key, None)
     spec.pop("method")
     vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS, **spec}

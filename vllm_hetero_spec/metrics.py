@@ -37,6 +37,7 @@ COUNTERS: dict[str, str] = {
     "realign_mismatches": "Re-tokenizations whose draft-side tokens diverged from the cached ones",
     "fallbacks": "Steps where drafting failed and the batch ran without drafts",
     "undrafted_requests": "Request-steps with nothing to draft from (e.g. an incomplete UTF-8 character)",
+    "pool_full_requests": "Request-steps run undrafted because the draft KV pool (draft_kv_pool_mb) was full",
     "slrs_tree_nodes": "slrs: drafter evaluations spent computing psi (beyond the contexts)",
     "slrs_capped_candidates": "slrs: first-token candidates left out of C by the work cap (slrs_max_nodes)",
     "slrs_uncovered_requests": "slrs: sampling request-steps whose C was empty, drafted as slem instead",
@@ -54,6 +55,7 @@ GAUGES: dict[str, str] = {
     "request_states": "Requests the drafter currently holds state for",
     "draft_state_bytes": "Bytes held by per-request draft state (draft KV caches and token arrays)",
     "draft_budget": "Draft tokens per step the hardware-aware budget chose last",
+    "draft_pool_bytes": "Bytes of the draft KV pool in use (bounded by draft_kv_pool_mb)",
 }
 SLOTS: tuple[str, ...] = tuple(COUNTERS) + tuple(GAUGES)
 _INDEX = {name: i for i, name in enumerate(SLOTS)}

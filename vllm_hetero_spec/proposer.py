@@ -7,8 +7,13 @@ process, or a Ray actor on CPU cores (``drafter/executors.py``) -- and lay its a
 out the way vLLM and our rejection sampler read it: the proposals, the draft
 probabilities block, and a :class:`VerifyPlan` (``union``'s forced rejections,
 ``fsd``'s per-request thresholds) that the sampler collects through
-:meth:`HeteroProposer.verify_inputs`. With a tensor-parallel target only rank 0
-drafts; every rank installs the drafts it broadcasts, so all verify the same proposals.
+:meth:`HeteroProposer.verify_inputs`.
+
+With a tensor-parallel target every rank drafts in process: the drafter is built from
+vLLM's parallel layers, which shard over the same TP group, so all ranks run each draft
+forward together. Their drafts agree because every input does (committed tokens, and
+draft random streams seeded per request from the engine's seed, never the global RNG).
+A Ray drafter is a world of its own: rank 0 asks it and broadcasts the drafts.
 """
 
 from __future__ import annotations
@@ -54,11 +59,10 @@ class HeteroProposer:
         self.k = self.settings.num_speculative_tokens
         self.target_vocab = vllm_config.model_config.get_vocab_size()
         self._tp = _tp_group()
-        # Only one rank drafts (the others would draft the same, or differently when
-        # sampling unseeded); it broadcasts its drafts to the rest every step.
+        self._vllm_config = vllm_config
+        # With Ray only rank 0 drafts and broadcasts; in process every rank drafts.
+        self._broadcast = self._tp is not None and self.settings.executor == "ray"
         self.executor: DraftExecutor | None = None
-        if self._tp is None or self._tp.rank_in_group == 0:
-            self.executor = make_executor(self.settings, vllm_config.model_config.tokenizer, self.target_vocab)
         self._stats = DrafterStats()
         self.board = MetricsBoard(
             {
@@ -99,7 +103,16 @@ class HeteroProposer:
         self.runner = runner
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """The drafter is loaded at construction; nothing to share with the target."""
+        """Load the drafter (weights and KV pool), after the target: the runners call
+        this before vLLM measures memory and sizes its own KV cache, so on CUDA the
+        draft's memory is accounted for. Nothing is shared with the target."""
+        if self.executor is not None or (self._broadcast and self._tp.rank_in_group != 0):
+            return
+        model_config = self._vllm_config.model_config
+        self.executor = make_executor(
+            self.settings, model_config.tokenizer, self.target_vocab,
+            self._vllm_config.parallel_config.tensor_parallel_size, int(model_config.seed or 0),
+        )
 
     def drop_request(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
@@ -160,7 +173,7 @@ class HeteroProposer:
                 self._stats.fallbacks += 1
                 self.executor.reset()
                 drafts = None
-        if self._tp is not None:
+        if self._broadcast:
             drafts, rows = self._tp.broadcast_object((drafts, rows), src=0)
         self._install(req_ids, rows, drafts)
         self._publish()
@@ -218,3 +231,4 @@ class HeteroProposer:
     def _publish_states(self, stats: DrafterStats) -> None:
         self.board.set("request_states", stats.request_states)
         self.board.set("draft_state_bytes", stats.state_bytes)
+        self.board.set("draft_pool_bytes", stats.pool_bytes)

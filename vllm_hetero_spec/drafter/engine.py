@@ -16,6 +16,7 @@ needs beyond the ids (q rows, ``union``'s forced rejections, ``fsd``'s threshold
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -27,8 +28,8 @@ import torch
 
 from vllm_hetero_spec.alignment import dtw_align_batch
 from vllm_hetero_spec.config import HeteroSettings
-from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
-from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
+from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted
+from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
 from vllm_hetero_spec.drafter.slrs import StringLevelProposer
 from vllm_hetero_spec.drafter.token_level import RESTRICTED, TOKEN_LEVEL, draft_step
@@ -59,16 +60,16 @@ class RequestState:
     n_target: int
     target_tail: list[int]
     draft: AlignedTokens
-    cache: RequestKVCache
+    cache: PagedCache
     generator: torch.Generator | None
     params: RequestParams
 
     def fork(self) -> "RequestState":
-        """An independent copy (KV cache, tokenization and random stream), so a
-        speculative continuation can be drafted without touching this state."""
+        """An independent copy (KV cache shared copy-on-write, tokenization and random
+        stream), so a speculative continuation can be drafted without touching this state."""
         gen = None
         if self.generator is not None:
-            gen = torch.Generator().set_state(self.generator.get_state())
+            gen = torch.Generator(device=self.generator.device).set_state(self.generator.get_state())
         return RequestState(
             bytearray(self.text), self.n_target, list(self.target_tail), self.draft.fork(),
             self.cache.fork(), gen, self.params,
@@ -171,6 +172,8 @@ class DrafterStats:
     realign_mismatches: int = 0
     fallbacks: int = 0
     undrafted: int = 0
+    pool_full: int = 0
+    pool_bytes: int = 0
     slrs_nodes: int = 0
     slrs_capped: int = 0
     slrs_uncovered: int = 0
@@ -199,6 +202,7 @@ class DrafterStats:
             "realign_mismatches": self.realign_mismatches,
             "fallbacks": self.fallbacks,
             "undrafted_requests": self.undrafted,
+            "pool_full_requests": self.pool_full,
             "slrs_tree_nodes": self.slrs_nodes,
             "slrs_capped_candidates": self.slrs_capped,
             "slrs_uncovered_requests": self.slrs_uncovered,
@@ -216,10 +220,17 @@ class DrafterStats:
 class DraftEngine:
     """Draft state and drafting for every request of one engine."""
 
-    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int):
+    def __init__(
+        self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, tensor_parallel_size: int = 1,
+        seed: int = 0,
+    ):
         self.settings = settings
+        self.seed = seed
         self.k = settings.num_speculative_tokens
-        self.runtime = DraftModelRuntime(settings.draft_model, getattr(torch, settings.draft_dtype))
+        self.runtime = DraftModelRuntime(
+            RuntimeConfig(settings.draft_model, getattr(torch, settings.draft_dtype), settings.draft_kv_pool_mb,
+                          tensor_parallel_size=tensor_parallel_size)
+        )
         self.bridge = VocabBridge.build(settings.draft_tokenizer, target_tokenizer, self.runtime.vocab_size, target_vocab)
         self.target_vocab = target_vocab
         self.states: dict[str, RequestState] = {}
@@ -244,18 +255,38 @@ class DraftEngine:
     # -- request lifetime -------------------------------------------------------------
 
     def drop(self, req_id: str) -> None:
-        """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
-        self.states.pop(req_id, None)
+        """Forget a finished, aborted or preempted request (rebuilt if it resumes),
+        giving its KV blocks back to the pool."""
+        state = self.states.pop(req_id, None)
+        if state is not None:
+            state.cache.release()
+
+    forget = drop
 
     def keep_only(self, live: set[str]) -> None:
         """Forget every request not in ``live``."""
         for req_id in [r for r in self.states if r not in live]:
-            del self.states[req_id]
+            self.drop(req_id)
+
+    def reset(self) -> None:
+        """Forget every request (their state may be inconsistent after a failure)."""
+        self.keep_only(set())
+
+    def fork(self, src: str, dst: str) -> None:
+        """State ``dst`` as an independent copy of ``src`` (a speculative branch)."""
+        self.drop(dst)
+        self.states[dst] = self.states[src].fork()
+
+    def move(self, src: str, dst: str) -> None:
+        """State ``src`` becomes ``dst``'s (an adopted branch)."""
+        self.drop(dst)
+        self.states[dst] = self.states.pop(src)
 
     def snapshot_stats(self) -> DrafterStats:
         """A copy of the counters with the current state size filled in."""
         self.stats.request_states = len(self.states)
         self.stats.state_bytes = sum(s.cache.nbytes + s.draft.nbytes + len(s.text) for s in self.states.values())
+        self.stats.pool_bytes = self.runtime.pool.used_bytes
         return dataclasses.replace(self.stats)
 
     # -- per-step work ----------------------------------------------------------------
@@ -271,6 +302,7 @@ class DraftEngine:
         req_ids = batch.req_ids
         budget = max(1, min(batch.budget, self.k))
         ready = self.sync(req_ids, batch.tokens, batch.params)
+        ready = self._reserve(req_ids, ready, budget)
         active = [i for i, ok in enumerate(ready) if ok]
         active_ids = [req_ids[i] for i in active]
         t1 = time.perf_counter()
@@ -320,12 +352,22 @@ class DraftEngine:
         self.stats.draft_forwards += 1
         return self.runtime.forward([s.cache for s in states], pending)
 
-    def _new_state(self, params: RequestParams) -> RequestState:
-        gen = None
-        if params.seed is not None:
-            gen = torch.Generator().manual_seed(int(params.seed) + 0x5EED)
+    def _new_state(self, req_id: str, params: RequestParams, n_target: int) -> RequestState:
         draft = AlignedTokens(self.bridge.draft_encoder, self.bridge.draft_prefix_ids, self.settings.lookbehind)
+        gen = torch.Generator(device=self.runtime.device).manual_seed(self._stream_seed(req_id, params, n_target))
         return RequestState(bytearray(), 0, [], draft, self.runtime.new_cache(), gen, params)
+
+    def _stream_seed(self, req_id: str, params: RequestParams, n_target: int) -> int:
+        """The seed of a request's draft random stream, never vLLM's global RNG: the
+        target's sampling draws from that on every TP rank, and the drafter must
+        neither shift it nor depend on it. A seeded request's stream depends on its
+        seed, an unseeded one's on the engine's seed and its id (the same on every
+        rank). Both also depend on where the state is (re)built, so a request rebuilt
+        after preemption or a failure continues with fresh draws instead of replaying
+        the ones its committed tokens were drafted with."""
+        base = f"seed:{params.seed}" if params.seed is not None else f"engine:{self.seed}:{req_id}"
+        digest = hashlib.blake2b(f"{base}:{n_target}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
     def sync(self, req_ids: list[str], tokens: list[np.ndarray], params: list[RequestParams]) -> list[bool]:
         """Append newly committed target tokens as text and realign every request's
@@ -336,7 +378,8 @@ class DraftEngine:
         for req_id, toks, p in zip(req_ids, tokens, params):
             state = self.states.get(req_id)
             if state is None or state.n_target > len(toks):
-                state = self.states[req_id] = self._new_state(p)
+                self.drop(req_id)
+                state = self.states[req_id] = self._new_state(req_id, p, len(toks))
             new = toks[state.n_target :].tolist()
             state.text += b"".join(self.bridge.target_encoder.bytes_of(t) for t in new)
             state.n_target = len(toks)
@@ -355,6 +398,33 @@ class DraftEngine:
             ready.append(n_ids > 0)
         return ready
 
+    def _draft_steps(self, budget: int) -> int:
+        """Drafter forwards per step: slem-style algorithms draft max_draft_tokens for k
+        target tokens, and a smaller budget scales that down in proportion."""
+        if self.settings.algorithm in TOKEN_LEVEL:
+            return budget
+        return math.ceil(self.settings.max_draft_tokens * budget / self.k)
+
+    def _reserve(self, req_ids: list[str], ready: list[bool], budget: int) -> list[bool]:
+        """Reserve KV blocks for this step's writes (pending tokens, drafts, and for
+        slrs its first token's spelling) before any forward, so that a full pool
+        leaves a request undrafted this step instead of failing mid-loop."""
+        extra = self._draft_steps(budget) + (8 if self.string_level is not None else 0)
+        out = []
+        for req_id, ok in zip(req_ids, ready):
+            if ok:
+                state = self.states[req_id]
+                try:
+                    copies = state.cache.reserve(len(state.draft) + extra)
+                except PoolExhausted:
+                    self.stats.pool_full += 1
+                    ok = False
+                else:
+                    if copies:
+                        self.runtime.pool.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
+            out.append(ok)
+        return out
+
     def _sampling_rows(self, req_ids: list[str]) -> SamplingRows:
         params = [self.states[r].params for r in req_ids]
         return SamplingRows(
@@ -371,9 +441,7 @@ class DraftEngine:
         ``[n, target_vocab]`` q rows and which proposals the target lacks (union)."""
         algorithm = self.settings.algorithm
         token_level = algorithm in TOKEN_LEVEL
-        # slem-style algorithms draft max_draft_tokens for k target tokens; a smaller
-        # budget scales that down in proportion.
-        n_steps = budget if token_level else math.ceil(self.settings.max_draft_tokens * budget / self.k)
+        n_steps = self._draft_steps(budget)
         drafts: list[list[int]] = [[] for _ in req_ids]
         proposals: list[list[int]] = [[] for _ in req_ids]
         absent: list[list[bool]] = [[] for _ in req_ids]

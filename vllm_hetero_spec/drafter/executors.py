@@ -41,8 +41,11 @@ class DraftExecutor(Protocol):
 class InProcessExecutor:
     """Drafting inline, in the caller's process and thread."""
 
-    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int):
-        self.engine = DraftEngine(settings, target_tokenizer, target_vocab)
+    def __init__(
+        self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, tensor_parallel_size: int = 1,
+        seed: int = 0,
+    ):
+        self.engine = DraftEngine(settings, target_tokenizer, target_vocab, tensor_parallel_size, seed)
 
     def step(self, batch: StepBatch, live: set[str]) -> StepDrafts:
         self.engine.keep_only(live)
@@ -55,7 +58,7 @@ class InProcessExecutor:
         self.engine.drop(req_id)
 
     def reset(self) -> None:
-        self.engine.states.clear()
+        self.engine.reset()
 
     def stats(self) -> DrafterStats:
         return self.engine.snapshot_stats()
@@ -64,10 +67,13 @@ class InProcessExecutor:
         """Nothing to release."""
 
 
-def make_executor(settings: HeteroSettings, target_tokenizer: str, target_vocab: int) -> DraftExecutor:
-    """The executor the config asks for."""
+def make_executor(
+    settings: HeteroSettings, target_tokenizer: str, target_vocab: int, tensor_parallel_size: int = 1, seed: int = 0
+) -> DraftExecutor:
+    """The executor the config asks for (a Ray actor drafts in a world of its own, so
+    it takes no TP size)."""
     if settings.executor == "ray":
         from vllm_hetero_spec.drafter.ray_executor import RayExecutor
 
-        return RayExecutor(settings, target_tokenizer, target_vocab)
-    return InProcessExecutor(settings, target_tokenizer, target_vocab)
+        return RayExecutor(settings, target_tokenizer, target_vocab, seed)
+    return InProcessExecutor(settings, target_tokenizer, target_vocab, tensor_parallel_size, seed)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from vllm_hetero_spec.drafter.engine import DraftEngine, RequestParams, StepBatch, StepDrafts
-from vllm_hetero_spec.drafter.varlen_attention import TokenTree
+from vllm_hetero_spec.drafter.paged_kv import TokenTree
 from vllm_hetero_spec.vocab.retokenize import propose_continuations
 
 _BRANCH = "\x00branch"  # engine state keys of speculative branches: f"{req_id}{_BRANCH}{j}"
@@ -71,7 +71,7 @@ class PipelinedDrafter:
         for i, (req_id, tokens) in enumerate(zip(batch.req_ids, batch.tokens)):
             for branch in self.branches.get(req_id, ()):
                 if len(branch.assumed) == len(tokens) and np.array_equal(branch.assumed, tokens):
-                    self.engine.states[req_id] = self.engine.states.pop(branch.key)
+                    self.engine.move(branch.key, req_id)
                     hits[i] = branch.drafts
                     break
         stats = self.engine.stats
@@ -97,14 +97,14 @@ class PipelinedDrafter:
         """Forget every request not in ``live``, with its branches."""
         for req_id in [r for r in self.branches if r not in live]:
             for branch in self.branches.pop(req_id):
-                self.engine.states.pop(branch.key, None)
+                self.engine.forget(branch.key)
         self.engine.keep_only(live | self._branch_keys())
 
     def discard(self) -> None:
         """Drop every speculative branch."""
         for branches in self.branches.values():
             for branch in branches:
-                self.engine.states.pop(branch.key, None)
+                self.engine.forget(branch.key)
         self.branches.clear()
 
     def speculate(self, stop: Callable[[], bool] = lambda: False) -> None:
@@ -125,7 +125,7 @@ class PipelinedDrafter:
             if not drafts.ready[i] or req_id not in engine.states or (ids and ids[-1] == eos):
                 continue
             key = f"{req_id}{_BRANCH}0"
-            engine.states[key] = engine.states[req_id].fork()
+            engine.fork(req_id, key)
             keys.append(key)
             bases.append(np.concatenate([batch.tokens[i], np.asarray(ids, dtype=batch.tokens[i].dtype)]))
             params.append(batch.params[i])
@@ -134,13 +134,13 @@ class PipelinedDrafter:
         live = [j for j, ok in enumerate(ready) if ok]
         for j, ok in enumerate(ready):
             if not ok:
-                engine.states.pop(keys[j])
+                engine.forget(keys[j])
         if live:
             self._branch([keys[j] for j in live], [bases[j] for j in live], [params[j] for j in live],
                          [owners[j] for j in live], batch.budget, stop)
         kept = self._branch_keys()
         for key in [k for k in engine.states if _BRANCH in k and k not in kept]:
-            del engine.states[key]  # cut short, or no candidates
+            engine.forget(key)  # cut short, or no candidates
         engine.stats.pipeline_s += time.perf_counter() - t0
 
     def _branch_keys(self) -> set[str]:
@@ -178,7 +178,7 @@ class PipelinedDrafter:
             for n, bonus in enumerate(candidates.get(j, [])):
                 b_key = key if n == 0 else f"{owners[j]}{_BRANCH}{n}"
                 if n:
-                    engine.states[b_key] = engine.states[key].fork()
+                    engine.fork(key, b_key)
                 assumed = np.append(bases[j], bonus).astype(bases[j].dtype)
                 b_keys.append(b_key)
                 b_tokens.append(assumed)
@@ -197,8 +197,12 @@ class PipelinedDrafter:
         candidate (one tree-masked forward past the cache, nothing committed)."""
         engine = self.engine
         caches = [engine.states[k].cache for k in keys]
-        trees = [TokenTree(c.length) for c in caches]
-        logits = engine.runtime.grow_trees(caches, trees, [[0] for _ in keys], [[t] for t in top1])
+        trees = [TokenTree(c) for c in caches]
+        try:
+            logits = engine.runtime.grow_trees(caches, trees, [[0] for _ in keys], [[t] for t in top1])
+        finally:
+            for tree in trees:
+                tree.release()
         engine.stats.draft_forwards += 1
         n_draft = len(engine.bridge.draft_bytes)
         return [float(lg[0, :n_draft].softmax(dim=-1).max()) for lg in logits]

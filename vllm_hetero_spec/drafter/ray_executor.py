@@ -57,10 +57,10 @@ class DraftActor:
     """The actor's body (wrapped with ``ray.remote`` by the client, so this module
     imports without Ray): a :class:`DraftEngine` behind a :class:`PipelinedDrafter`."""
 
-    def __init__(self, settings: dict[str, Any], target_tokenizer: str, target_vocab: int):
+    def __init__(self, settings: dict[str, Any], target_tokenizer: str, target_vocab: int, seed: int):
         parsed = HeteroSettings.from_dict(settings)
         torch.set_num_threads(parsed.ray_threads)
-        self.engine = DraftEngine(parsed, target_tokenizer, target_vocab)
+        self.engine = DraftEngine(parsed, target_tokenizer, target_vocab, seed=seed)
         self.pipe = PipelinedDrafter(self.engine, parsed.max_branches)
         self.pipelined = parsed.pipeline
         # Two calls may be in the actor at once (max_concurrency=2): a step arriving
@@ -123,7 +123,7 @@ class DraftActor:
     def reset(self) -> None:
         with self._lock:
             self.pipe.discard()
-            self.engine.states.clear()
+            self.engine.reset()
 
 
 def _import_ray() -> Any:
@@ -142,10 +142,10 @@ def _add(a: DrafterStats, b: DrafterStats) -> DrafterStats:
 class RayExecutor:
     """Client side: owns the actor, the timeouts, restarts and the draft budget."""
 
-    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int):
+    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0):
         ray = self._ray = _import_ray()
         self.settings = settings
-        self._args = (settings.to_dict(), target_tokenizer, target_vocab)
+        self._args = (settings.to_dict(), target_tokenizer, target_vocab, seed)
         self._owns_ray = False
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": NAMESPACE}

@@ -1,91 +1,269 @@
-"""The draft model: loaded with transformers, run packed across requests.
+"""The draft model on vLLM's own machinery: vLLM's model class, weights loader,
+attention backend and metadata builder, with a paged KV pool of the plugin's own.
 
-We use transformers' model code (any causal LM it supports can draft) with our own
-attention backend and per-request KV caches, so one forward serves every request of the
-step. The drafter runs in float32 by default: on CPU that is faster than bf16 matmuls
-without AMX, and it keeps draft probabilities well-conditioned for TLI's ratio test.
+What vLLM provides, we use: ``get_model`` builds the drafter from vLLM's model registry
+(any architecture vLLM serves can draft, with vLLM's prepacked matmuls and fused
+kernels) on the target's device, and every step runs as one variable-length forward
+through the platform's attention backend, with metadata from that backend's builder --
+the way ``vllm/v1/spec_decode/llm_base_proposer.py`` runs vLLM's own draft models.
+
+What it cannot provide is the KV cache: vLLM addresses every KV group with the target's
+block table, and our drafter's positions differ from the target's. So the drafter gets a
+private ``VllmConfig`` (its own compilation config, hence its own
+``static_forward_context``: vLLM never sees its layers when it sizes, allocates or
+binds its KV cache), and a bounded pool of blocks (``drafter/paged_kv.py``) allocated
+here, in the layout the backend reads, and bound to its layers.
 """
 
 from __future__ import annotations
 
-import torch
-from transformers import AutoModelForCausalLM, PretrainedConfig
+import math
+import socket
+from dataclasses import dataclass
 
-from vllm_hetero_spec.drafter import varlen_attention
-from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
+import numpy as np
+import torch
+
+from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache, PoolExhausted, TokenTree
+
+_PREFIX = "hetero_draft"
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Where and how the drafter runs.
+
+    Attributes:
+        model: the draft model folder.
+        dtype: the drafter's weights and KV cache dtype.
+        kv_pool_mb: the paged pool's size (MiB); a request that finds it full runs
+            undrafted until blocks free up.
+        max_model_len: the longest draft sequence (positions) it accepts.
+        tensor_parallel_size: the target's; vLLM's parallel layers shard over the
+            global TP group, so a TP target shards the drafter too.
+    """
+
+    model: str
+    dtype: torch.dtype = torch.float32
+    kv_pool_mb: int = 512
+    max_model_len: int = 8192
+    tensor_parallel_size: int = 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ensure_distributed(vllm_config) -> None:
+    """vLLM's layers need its model-parallel groups. Inside a vLLM worker they exist;
+    in a standalone process (a Ray actor, a test, a benchmark) we create a world of one."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        return
+    if vllm_config.device_config.device.type == "cpu":
+        # What vLLM's CPU worker does at start: torch.accelerator calls become no-ops
+        # (the model loader calls empty_cache, which raises without an accelerator).
+        from vllm.v1.worker.cpu_model_runner import _set_torch_accelerator_to_noop
+
+        _set_torch_accelerator_to_noop()
+    with set_current_vllm_config(vllm_config):
+        parallel_state.init_distributed_environment(
+            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{_free_port()}", local_rank=0,
+            backend="gloo",
+        )
+        parallel_state.ensure_model_parallel_initialized(1, 1)
+
+
+def _draft_vllm_config(cfg: RuntimeConfig):
+    """A complete ``VllmConfig`` for the drafter alone: eager, and its own compilation
+    config, so its attention layers register in a ``static_forward_context`` vLLM's
+    runner never reads."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    dtype = str(cfg.dtype).removeprefix("torch.")
+    args = EngineArgs(
+        model=cfg.model,
+        dtype=dtype,
+        max_model_len=cfg.max_model_len,
+        enforce_eager=True,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        skip_tokenizer_init=True,
+        enable_prefix_caching=False,
+    )
+    return args.create_engine_config()
 
 
 class DraftModelRuntime:
-    """Loads a causal LM and runs packed forwards over many requests' caches."""
+    """Loads the draft model with vLLM and runs packed forwards over paged sequences."""
 
-    def __init__(self, model_path: str, dtype: torch.dtype = torch.float32):
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=dtype, attn_implementation=varlen_attention.BACKEND_NAME
-        ).eval()
-        self.dtype = dtype
-        cfg: PretrainedConfig = self.model.config.get_text_config()
-        self.num_layers = cfg.num_hidden_layers
-        self.kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+    def __init__(self, cfg: RuntimeConfig):
+        from vllm.compilation.backends import set_model_tag
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+        from vllm.model_executor.model_loader import get_model
 
-    def new_cache(self) -> RequestKVCache:
-        return RequestKVCache(self.num_layers, self.kv_heads, self.head_dim, self.dtype)
+        self.cfg = cfg
+        self.vllm_config = _draft_vllm_config(cfg)
+        _ensure_distributed(self.vllm_config)
+        self.device = torch.device(self.vllm_config.device_config.device)
+        with set_current_vllm_config(self.vllm_config), set_model_tag(_PREFIX):
+            self.model = get_model(vllm_config=self.vllm_config, prefix=_PREFIX)
+        self.model.eval()
+        layers = {
+            name: layer
+            for name, layer in self.vllm_config.compilation_config.static_forward_context.items()
+            if isinstance(layer, AttentionLayerBase)
+        }
+        self.layer_names = sorted(layers)
+        self.vocab_size = self.vllm_config.model_config.get_vocab_size()
+        self.dtype = self.vllm_config.model_config.dtype
+        self._build_pool(layers)
+
+    # -- KV pool ----------------------------------------------------------------------
+
+    def _build_pool(self, layers: dict) -> None:
+        """Allocate the pool (one tensor per layer, the backend's layout), bind it, and
+        build one metadata builder per distinct layer spec (e.g. Gemma-3's sliding and
+        global layers), as ``LLMBaseProposer.initialize_attn_backend`` does."""
+        from vllm.v1.attention.backend import MultipleOf
+        from vllm.v1.kv_cache_interface import KVCacheLayout
+        from vllm.v1.worker.utils import AttentionGroup
+
+        specs = {name: layers[name].get_kv_cache_spec(self.vllm_config) for name in self.layer_names}
+        backends = {name: layers[name].get_attn_backend() for name in self.layer_names}
+        block_size = 16
+        for name in self.layer_names:
+            for size in backends[name].get_supported_kernel_block_sizes():
+                base = size.base if isinstance(size, MultipleOf) else int(size)
+                block_size = math.lcm(block_size, base)
+        specs = {n: s.copy_with_new_block_size(block_size) for n, s in specs.items()}
+        per_block = sum(s.page_size_bytes for s in specs.values())
+        num_blocks = max(1, (self.cfg.kv_pool_mb << 20) // per_block)
+        self.pool = BlockPool(num_blocks, block_size, per_block)
+        self.pool.copy_blocks = self._copy_blocks
+        self.kv: list[torch.Tensor] = []
+        for name in self.layer_names:
+            spec = specs[name]
+            heads, size = spec.num_kv_heads, spec.head_size
+            head_major = KVCacheLayout.LBHNC in backends[name].supported_kv_cache_layouts()
+            # CPU_ATTN reads [blocks, heads, block, 2*head]; FlashAttention's default
+            # layout is [blocks, block, heads, 2*head] (it transposes and splits).
+            shape = (num_blocks, heads, block_size, 2 * size) if head_major else (num_blocks, block_size, heads, 2 * size)
+            kv = torch.zeros(shape, dtype=spec.dtype, device=self.device)
+            layers[name].bind_kv_cache(kv)
+            self.kv.append(kv)
+        groups: dict[tuple, AttentionGroup] = {}
+        for gid, name in enumerate(self.layer_names):
+            key = (backends[name].full_cls_name(), type(specs[name]).__name__, getattr(specs[name], "sliding_window", None))
+            if key in groups:
+                groups[key].layer_names.append(name)
+            else:
+                groups[key] = AttentionGroup(backend=backends[name], layer_names=[name], kv_cache_spec=specs[name],
+                                             kv_cache_group_id=len(groups))
+        for group in groups.values():
+            group.create_metadata_builders(self.vllm_config, self.device)
+        self.groups = list(groups.values())
+
+    def _copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        s = torch.tensor(src, dtype=torch.long, device=self.device)
+        d = torch.tensor(dst, dtype=torch.long, device=self.device)
+        for kv in self.kv:
+            kv.index_copy_(0, d, kv.index_select(0, s))
+
+    def new_cache(self) -> PagedCache:
+        return PagedCache(self.pool)
+
+    # -- forwards ---------------------------------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, caches: list[RequestKVCache], new_tokens: list[list[int]]) -> torch.Tensor:
-        """Append ``new_tokens[i]`` to ``caches[i]`` (each non-empty) and return the
-        float32 logits ``[len(caches), vocab]`` at each request's last new token."""
+    def forward(self, caches: list[PagedCache], new_tokens: list[list[int]]) -> torch.Tensor:
+        """Append ``new_tokens[i]`` to ``caches[i]`` (each non-empty) in one forward and
+        return the float32 logits ``[len(caches), vocab]`` at each one's last new token.
+        Raises :class:`PoolExhausted` before running when the pool cannot hold them."""
         lengths = [len(t) for t in new_tokens]
         if not all(lengths):
             raise ValueError("every request needs at least one new token (its logits come from the last one)")
-        starts = [0]
-        for n in lengths[:-1]:
-            starts.append(starts[-1] + n)
-        ids = torch.tensor([tok for toks in new_tokens for tok in toks], dtype=torch.long).unsqueeze(0)
-        positions = torch.cat([torch.arange(c.length, c.length + n) for c, n in zip(caches, lengths)]).unsqueeze(0)
-        last = torch.tensor([s + n - 1 for s, n in zip(starts, lengths)], dtype=torch.long)
-        batch = varlen_attention.PackedBatch(caches, starts, lengths)
-        out = self.model(
-            input_ids=ids,
-            position_ids=positions,
-            use_cache=False,
-            logits_to_keep=last,
-            packed_batch=batch,
+        copies: list[tuple[int, int]] = []
+        for cache, n in zip(caches, lengths):
+            copies += cache.reserve(cache.length + n)
+        if copies:
+            self._copy_blocks([s for s, _ in copies], [d for _, d in copies])
+        logits = self._run(caches, lengths, [t for toks in new_tokens for t in toks])
+        for cache, n in zip(caches, lengths):
+            cache.advance(n)
+        return logits
+
+    def _run(self, caches: list[PagedCache], lengths: list[int], ids: list[int]) -> torch.Tensor:
+        """One variable-length forward; every index tensor is built on the host in one
+        numpy pass and moved to the device once."""
+        from vllm.forward_context import set_forward_context
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        bs = self.pool.block_size
+        b, t = len(caches), len(ids)
+        starts = np.array([c.length for c in caches], dtype=np.int64)
+        n = np.array(lengths, dtype=np.int64)
+        qsl = np.zeros(b + 1, dtype=np.int64)
+        np.cumsum(n, out=qsl[1:])
+        positions = np.repeat(starts - qsl[:-1], n) + np.arange(t)
+        width = max(len(c.blocks) for c in caches)
+        table = np.zeros((b, width), dtype=np.int64)
+        for i, c in enumerate(caches):
+            table[i, : len(c.blocks)] = c.blocks
+        row = np.repeat(np.arange(b), n)
+        slots = table[row, positions // bs] * bs + positions % bs
+        host = torch.from_numpy(np.concatenate([np.asarray(ids, dtype=np.int64), positions, slots]))
+        dev = host.to(self.device, non_blocking=True)
+        input_ids, pos_t, slot_t = dev[:t], dev[t : 2 * t], dev[2 * t :]
+        seq_lens = starts + n
+        qsl_cpu = torch.from_numpy(qsl.astype(np.int32))
+        cam = CommonAttentionMetadata(
+            query_start_loc=qsl_cpu.to(self.device, non_blocking=True),
+            query_start_loc_cpu=qsl_cpu,
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(self.device, non_blocking=True),
+            num_reqs=b,
+            num_actual_tokens=t,
+            max_query_len=int(n.max()),
+            max_seq_len=int(seq_lens.max()),
+            block_table_tensor=torch.from_numpy(table.astype(np.int32)).to(self.device, non_blocking=True),
+            slot_mapping=slot_t,
+            positions=pos_t,
         )
-        for c, n in zip(caches, lengths):
-            c.advance(n)
-        return out.logits[0].float()
+        metadata = {}
+        for group in self.groups:
+            built = group.get_metadata_builder().build(0, cam)
+            metadata.update({name: built for name in group.layer_names})
+        with set_forward_context(
+            metadata, self.vllm_config, num_tokens=t, slot_mapping={name: slot_t for name in self.layer_names}
+        ):
+            hidden = self.model(input_ids=input_ids, positions=pos_t)
+        last = torch.from_numpy(qsl[1:] - 1).to(self.device, non_blocking=True)
+        return self.model.compute_logits(hidden[last]).float()
 
     @torch.inference_mode()
     def grow_trees(
-        self, caches: list[RequestKVCache], trees: list[varlen_attention.TokenTree], parents: list[list[int]],
-        tokens: list[list[int]],
+        self, caches: list[PagedCache], trees: list[TokenTree], parents: list[list[int]], tokens: list[list[int]]
     ) -> list[torch.Tensor]:
         """Add ``tokens[i]`` under ``parents[i]`` to ``trees[i]`` (see
-        :meth:`TokenTree.grow`; each non-empty) and return per request the float32
-        logits ``[len(tokens[i]), vocab]`` at the new nodes. The caches' committed
-        lengths are unchanged."""
-        starts, lengths, positions, ids = [], [], [], []
-        for cache, tree, par, toks in zip(caches, trees, parents, tokens):
-            if cache.length != tree.context:
-                raise ValueError("a token tree must hang from its cache's committed length")
-            tree.grow(par)
-            positions.append(tree.positions()[-len(toks) :])
-            starts.append(len(ids))
-            lengths.append(len(toks))
-            ids.extend(toks)
-            cache.length = tree.context + tree.depth.numel() - len(toks)
-        batch = varlen_attention.PackedBatch(caches, starts, lengths, trees)
-        try:
-            out = self.model(
-                input_ids=torch.tensor(ids, dtype=torch.long).unsqueeze(0),
-                position_ids=torch.cat(positions).unsqueeze(0),
-                use_cache=False,
-                packed_batch=batch,
-            )
-        finally:
-            for cache, tree in zip(caches, trees):
-                cache.length = tree.context
-        logits = out.logits[0].float()
-        return [logits[s : s + n] for s, n in zip(starts, lengths)]
+        :meth:`TokenTree.grow`; each non-empty) in one forward, and return per tree the
+        float32 logits ``[len(tokens[i]), vocab]`` at the new nodes. The contexts'
+        caches are unchanged. Raises :class:`PoolExhausted` when the pool cannot hold
+        the new nodes' blocks."""
+        nodes: list[PagedCache] = []
+        for tree, par, cache in zip(trees, parents, caches):
+            if tree.root is not cache:
+                raise ValueError("a token tree must hang from its own cache")
+            nodes += tree.grow(par)
+        logits = self.forward(nodes, [[tok] for toks in tokens for tok in toks])
+        out, start = [], 0
+        for toks in tokens:
+            out.append(logits[start : start + len(toks)])
+            start += len(toks)
+        return out
+
+
+__all__ = ["DraftModelRuntime", "PagedCache", "PoolExhausted", "RuntimeConfig", "TokenTree"]

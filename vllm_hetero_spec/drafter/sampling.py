@@ -58,8 +58,7 @@ def processed_probs(logits: torch.Tensor, rows: SamplingRows, allowed: torch.Ten
 def sample(probs: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     """One token per row from ``probs`` ``[B, V]``, by the exponential race so that a
     whole batch samples in one pass; seeded rows draw their noise from their generator."""
-    noise = torch.empty_like(probs).exponential_()
+    noise = torch.empty_like(probs)
     for i, gen in enumerate(rows.generators):
-        if gen is not None:
-            noise[i].exponential_(generator=gen)
+        noise[i].exponential_(generator=gen)
     return (probs / noise).argmax(dim=-1)

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_hetero_spec.drafter.kv_cache import RequestKVCache
+from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted, TokenTree
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs
 from vllm_hetero_spec.drafter.string_level import PsiPlanner, TreeBuilder
-from vllm_hetero_spec.drafter.varlen_attention import TokenTree
 from vllm_hetero_spec.vocab.retokenize import TokenEncoder
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
 
@@ -111,17 +110,34 @@ class StringLevelProposer:
         return [(self.canonical_id(b), b) for b in ranked]
 
     def propose(
-        self, runtime: DraftModelRuntime, caches: list[RequestKVCache], root_logits: torch.Tensor, rows: SamplingRows
+        self, runtime: DraftModelRuntime, caches: list[PagedCache], root_logits: torch.Tensor, rows: SamplingRows
     ) -> FirstTokens:
         """First proposals for requests whose drafter has just evaluated its context
-        (``root_logits`` ``[n, draft_vocab]``, caches committed up to the context)."""
+        (``root_logits`` ``[n, draft_vocab]``, caches committed up to the context).
+        When the draft KV pool cannot hold the trees, every request falls back to
+        ``slem`` this step (no proposal, decided before anything is sampled)."""
         n = len(caches)
         q_root = processed_probs(root_logits, rows)
         builders = [
             TreeBuilder(self.planner, self.candidates(q_root[i]), self.max_nodes, self.min_prob, q_root[i])
             for i in range(n)
         ]
-        trees = [TokenTree(c.length) for c in caches]
+        trees = [TokenTree(c) for c in caches]
+        try:
+            self._evaluate(runtime, caches, trees, builders, rows)
+        except PoolExhausted:
+            return FirstTokens([None] * n, [[] for _ in range(n)], [None] * n)
+        finally:
+            for tree in trees:
+                tree.release()
+        return self._draw_first(builders, q_root, rows)
+
+    def _evaluate(
+        self, runtime: DraftModelRuntime, caches: list[PagedCache], trees: list[TokenTree],
+        builders: list[TreeBuilder], rows: SamplingRows,
+    ) -> None:
+        """Grow every request's psi tree level by level, one forward per level."""
+        n = len(caches)
         while True:
             fronts = [b.frontier() for b in builders]
             grow = [i for i in range(n) if fronts[i]]
@@ -137,6 +153,10 @@ class StringLevelProposer:
                     rows.temperature[i].repeat(m), rows.top_k[i].repeat(m), rows.top_p[i].repeat(m), [None] * m
                 )
                 builders[i].add(processed_probs(level, sub))
+
+    def _draw_first(self, builders: list[TreeBuilder], q_root: torch.Tensor, rows: SamplingRows) -> FirstTokens:
+        """psi on C per request, renormalized, and the first target token drawn from it."""
+        n = len(builders)
         out = FirstTokens(
             [None] * n, [[] for _ in range(n)], [None] * n,
             sum(b.num_nodes for b in builders), sum(b.capped for b in builders),
