@@ -90,7 +90,7 @@ def runtime_counts(bridge: VocabBridge, draft_path: str, target_path: str, conte
         ids = bridge.draft_tokenizer.encode(prompt)
         logits = runtime.forward([cache], [ids])
         for _ in range(steps):
-            rows = SamplingRows(torch.ones(1), torch.zeros(1, dtype=torch.long), torch.ones(1), [None])
+            rows = SamplingRows.build([1.0], [0], [1.0], [None], torch.device("cpu"))
             t0 = time.perf_counter()
             first = proposer.propose(runtime, [cache], logits[:, : len(bridge.draft_bytes)], rows)
             seconds.append(time.perf_counter() - t0)

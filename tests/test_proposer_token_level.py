@@ -72,9 +72,12 @@ def _proposer(
     settings = HeteroSettings(algorithm, smollm2, smollm2, K, K, fsd_threshold=0.05, **extra)
     config = SimpleNamespace(
         additional_config={"hetero_spec": settings.to_dict()},
-        model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05),
+        model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05, seed=0),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
     )
-    return proposer_module.HeteroProposer(config)
+    proposer = proposer_module.HeteroProposer(config)
+    proposer.load_model(None)
+    return proposer
 
 
 def _attach(prop, requests: dict[str, SamplingParams], order: list[str]) -> None:

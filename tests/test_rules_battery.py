@@ -66,9 +66,7 @@ class Sampling:
     top_p: float = 1.0
 
     def rows(self, n: int) -> SamplingRows:
-        return SamplingRows(
-            torch.full((n,), self.temperature), torch.full((n,), self.top_k), torch.full((n,), self.top_p), [None] * n
-        )
+        return SamplingRows.build([self.temperature] * n, [self.top_k] * n, [self.top_p] * n, [None] * n, torch.device("cpu"))
 
 
 @dataclass

@@ -115,7 +115,7 @@ def test_tli_drafting_q_is_the_sampling_law_with_topk_topp_and_temperature() -> 
     logits = torch.randn(1, v, generator=torch.Generator().manual_seed(5)).expand(N, v)
     allowed = torch.ones(v, dtype=torch.bool)
     allowed[::3] = False
-    rows = SamplingRows(torch.full((N,), 0.7), torch.full((N,), 6), torch.full((N,), 0.9), [None] * N)
+    rows = SamplingRows.build([0.7] * N, [6] * N, [0.9] * N, [None] * N, torch.device("cpu"))
     q = processed_probs(logits, rows, allowed)
     assert torch.allclose(q[0], q[-1])
     assert (q[0][~allowed] == 0).all() and int((q[0] > 0).sum()) <= 6

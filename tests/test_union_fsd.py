@@ -131,7 +131,7 @@ def _inter() -> VocabIntersection:
 
 
 def _rows(n: int) -> SamplingRows:
-    return SamplingRows(torch.ones(n), torch.zeros(n, dtype=torch.long), torch.ones(n), [None] * n)
+    return SamplingRows.build([1.0] * n, [0] * n, [1.0] * n, [None] * n, torch.device("cpu"))
 
 
 def test_union_drafts_absent_tokens_with_unnormalized_q() -> None:
@@ -162,7 +162,7 @@ def test_greedy_fsd_compares_the_models_untempered_distributions() -> None:
     is close accepts a draft that is not its own argmax; tli keeps the one-hot."""
     inter = _inter()
     logits = torch.log(torch.tensor([[0.1, 0.5, 0.1, 0.2, 0.1]]))  # intersection: ids 0, 1, 4
-    greedy = SamplingRows(torch.zeros(1), torch.zeros(1, dtype=torch.long), torch.ones(1), [None])
+    greedy = SamplingRows.build([0.0], [0], [1.0], [None], torch.device("cpu"))
     fsd = draft_step(logits, greedy, inter, "fsd")
     tli = draft_step(logits, greedy, inter, "tli")
     assert fsd.ids.tolist() == tli.ids.tolist() == [1]  # "b", the argmax

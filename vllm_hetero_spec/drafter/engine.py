@@ -30,7 +30,7 @@ from vllm_hetero_spec.alignment import dtw_align_batch
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
-from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
+from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows, processed_probs, sample
 from vllm_hetero_spec.drafter.slrs import StringLevelProposer
 from vllm_hetero_spec.drafter.token_level import RESTRICTED, TOKEN_LEVEL, draft_step
 from vllm_hetero_spec.dtw import transfer_probs
@@ -232,6 +232,7 @@ class DraftEngine:
                           tensor_parallel_size=tensor_parallel_size)
         )
         self.bridge = VocabBridge.build(settings.draft_tokenizer, target_tokenizer, self.runtime.vocab_size, target_vocab)
+        self.intersection = self.bridge.intersection.to(self.runtime.device)
         self.target_vocab = target_vocab
         self.states: dict[str, RequestState] = {}
         self.stats = DrafterStats()
@@ -317,7 +318,7 @@ class DraftEngine:
             for j, i in enumerate(active):
                 out.ids[i] = draft.ids[j]
                 if draft.ids[j]:
-                    out.q[i] = draft.q_rows[j].numpy()
+                    out.q[i] = draft.q_rows[j].cpu().numpy()
                 if any(draft.absent[j]):
                     out.force_reject[i] = draft.absent[j]
             if algorithm == "fsd":
@@ -427,11 +428,9 @@ class DraftEngine:
 
     def _sampling_rows(self, req_ids: list[str]) -> SamplingRows:
         params = [self.states[r].params for r in req_ids]
-        return SamplingRows(
-            torch.tensor([p.temperature for p in params]),
-            torch.tensor([p.top_k for p in params], dtype=torch.long),
-            torch.tensor([p.top_p for p in params]),
-            [self.states[r].generator for r in req_ids],
+        return SamplingRows.build(
+            [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params],
+            [self.states[r].generator for r in req_ids], self.runtime.device,
         )
 
     def _draft(self, req_ids: list[str], budget: int, stop: Callable[[], bool] | None = None) -> DraftOutput:
@@ -451,43 +450,47 @@ class DraftEngine:
             return DraftOutput(drafts, token_q, [], absent)
         states = [self.states[r] for r in req_ids]
         rows = self._sampling_rows(req_ids)
-        inter = self.bridge.intersection
+        inter = self.intersection
+        stop_prob = self.settings.draft_stop_prob
         live = list(range(len(req_ids)))
         for step in range(n_steps):
             caches = [states[i].cache for i in live]
             pending = [states[i].draft.ids[states[i].cache.length :].tolist() for i in live]
             logits = self.runtime.forward(caches, pending)[:, : inter.draft_to_target.numel()]
             self.stats.draft_forwards += 1
-            sub = SamplingRows(
-                rows.temperature[live], rows.top_k[live], rows.top_p[live], [rows.generators[i] for i in live]
-            )
+            sub = rows if len(live) == len(req_ids) else rows.select(live)
             if token_level:
                 mapped = draft_step(logits, sub, inter, algorithm)
                 q, sampled = mapped.q, mapped.ids
-                target_ids, is_absent = mapped.target_ids.tolist(), mapped.absent.tolist()
             else:
                 q = processed_probs(logits, sub)
                 sampled = sample(q, sub)
-            # Confidence from the untempered draft distribution (q is one-hot when greedy).
-            raw = logits.masked_fill(~inter.draft_mask, float("-inf")) if algorithm in RESTRICTED else logits
-            confidence = raw.softmax(dim=-1).gather(1, sampled.unsqueeze(1)).squeeze(1).tolist()
-            tokens = sampled.tolist()
-            sampled_q = q.gather(1, sampled.unsqueeze(1)).squeeze(1).tolist()
+            pick = sampled.unsqueeze(1)
+            cols = [sampled, q.gather(1, pick).squeeze(1)]
+            if token_level:
+                cols += [mapped.target_ids, mapped.absent]
+            if stop_prob > 0:
+                # Confidence from the untempered draft distribution (q is one-hot when greedy).
+                raw = logits.masked_fill(inter.draft_mask.logical_not(), float("-inf")) if algorithm in RESTRICTED else logits
+                cols.append(raw.softmax(dim=-1).gather(1, pick).squeeze(1))
+            # The step's one host transfer: what the bridge and the loop's control need.
+            host = torch.stack([c.double() for c in cols], dim=1).cpu().tolist()
             still = []
             for j, i in enumerate(live):
-                tok = tokens[j]
+                tok, tok_q = int(host[j][0]), host[j][1]
                 drafts[i].append(tok)
-                token_q[i].append(sampled_q[j])
+                token_q[i].append(tok_q)
                 if token_level:
-                    proposals[i].append(target_ids[j])
-                    absent[i].append(is_absent[j])
+                    is_absent = bool(host[j][3])
+                    proposals[i].append(int(host[j][2]))
+                    absent[i].append(is_absent)
                     probs[i].append(mapped.target_q[j])
-                    if is_absent[j]:
+                    if is_absent:
                         continue  # union: rejected for sure, so nothing after it can be accepted
                 if tok in self._draft_specials:
                     continue
                 states[i].draft.append_drafted(tok)
-                if confidence[j] < self.settings.draft_stop_prob:
+                if stop_prob > 0 and host[j][-1] < stop_prob:
                     continue
                 still.append(i)
             live = still
@@ -530,15 +533,13 @@ class DraftEngine:
         a token the draft vocabulary cannot spell). Its draft tokens are appended to
         the request's draft so the draft loop continues from its text."""
         rows = self._sampling_rows(req_ids)
-        sampled = [i for i in range(len(req_ids)) if not bool(rows.greedy[i])]
+        sampled = [i for i, t in enumerate(rows.host[0]) if t >= GREEDY_EPS]
         if not sampled:
             return {}
         states = [self.states[req_ids[i]] for i in sampled]
         caches = [s.cache for s in states]
         logits = self.next_logits([req_ids[i] for i in sampled])[:, : len(self.bridge.draft_bytes)]
-        sub = SamplingRows(
-            rows.temperature[sampled], rows.top_k[sampled], rows.top_p[sampled], [rows.generators[i] for i in sampled]
-        )
+        sub = rows.select(sampled)
         result = self.string_level.propose(self.runtime, caches, logits, sub)
         self.stats.slrs_nodes += result.nodes
         self.stats.slrs_capped += result.capped

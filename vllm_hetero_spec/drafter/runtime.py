@@ -48,6 +48,7 @@ class RuntimeConfig:
     kv_pool_mb: int = 512
     max_model_len: int = 8192
     tensor_parallel_size: int = 1
+    compile: bool = False
 
 
 def _free_port() -> int:
@@ -89,7 +90,7 @@ def _draft_vllm_config(cfg: RuntimeConfig):
         model=cfg.model,
         dtype=dtype,
         max_model_len=cfg.max_model_len,
-        enforce_eager=True,
+        enforce_eager=not cfg.compile,
         tensor_parallel_size=cfg.tensor_parallel_size,
         skip_tokenizer_init=True,
         enable_prefix_caching=False,

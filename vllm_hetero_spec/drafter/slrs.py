@@ -117,7 +117,7 @@ class StringLevelProposer:
         When the draft KV pool cannot hold the trees, every request falls back to
         ``slem`` this step (no proposal, decided before anything is sampled)."""
         n = len(caches)
-        q_root = processed_probs(root_logits, rows)
+        q_root = processed_probs(root_logits, rows).cpu()
         builders = [
             TreeBuilder(self.planner, self.candidates(q_root[i]), self.max_nodes, self.min_prob, q_root[i])
             for i in range(n)
@@ -148,11 +148,8 @@ class StringLevelProposer:
                 [[node for node, _ in fronts[i]] for i in grow], [[v for _, v in fronts[i]] for i in grow],
             )
             for i, level in zip(grow, logits):
-                m = level.shape[0]
-                sub = SamplingRows(
-                    rows.temperature[i].repeat(m), rows.top_k[i].repeat(m), rows.top_p[i].repeat(m), [None] * m
-                )
-                builders[i].add(processed_probs(level, sub))
+                # The planner reads these rows entry by entry: it works on the host.
+                builders[i].add(processed_probs(level, rows.select([i] * level.shape[0])).cpu())
 
     def _draw_first(self, builders: list[TreeBuilder], q_root: torch.Tensor, rows: SamplingRows) -> FirstTokens:
         """psi on C per request, renormalized, and the first target token drawn from it."""
@@ -172,7 +169,8 @@ class StringLevelProposer:
             row = torch.zeros(self.target_vocab, dtype=torch.float64)
             row.index_add_(0, torch.tensor(ids, dtype=torch.long), psi / total)
             row32 = row.float()  # sampled from and verified against: the very same tensor
-            pick = _draw(row32, rows.generators[i])
+            gen = rows.generators[i]
+            pick = _draw(row32 if gen is None else row32.to(gen.device), gen)
             out.target_ids[i] = pick
             out.q_rows[i] = row32
             out.coverage.append(total)

@@ -68,12 +68,11 @@ def draft_step(logits: torch.Tensor, rows: SamplingRows, inter: VocabIntersectio
         raise ValueError(f"{algorithm!r} is not a token-level algorithm ({list(TOKEN_LEVEL)})")
     q = processed_probs(logits, rows, inter.draft_mask if algorithm in RESTRICTED else None)
     ids = sample(q, rows)
-    mapped = inter.draft_to_target[ids]
+    mapped = inter.draft_to_target.index_select(0, ids)
     absent = mapped < 0
     target_ids = mapped.masked_fill(absent, ABSENT_PLACEHOLDER)
     verify_q = q
-    greedy = rows.greedy
-    if algorithm == "fsd" and bool(greedy.any()):
-        model_q = logits.float().masked_fill(~inter.draft_mask, float("-inf")).softmax(dim=-1)
-        verify_q = torch.where(greedy.unsqueeze(1), model_q, q)
+    if algorithm == "fsd" and rows.any_greedy:
+        model_q = logits.float().masked_fill(inter.draft_mask.logical_not(), float("-inf")).softmax(dim=-1)
+        verify_q = torch.where(rows.greedy.unsqueeze(1), model_q, q)
     return DraftStep(q, ids, target_ids, absent, inter.to_target_probs(verify_q))

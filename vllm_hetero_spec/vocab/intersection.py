@@ -8,6 +8,7 @@ union baseline, proposed and rejected.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,16 @@ class VocabIntersection:
     shared_draft_ids: torch.Tensor
     shared_target_ids: torch.Tensor
     target_vocab_size: int
+
+    def to(self, device: torch.device) -> "VocabIntersection":
+        """The same maps on ``device`` (the drafter's), so mapping needs no transfer."""
+        return dataclasses.replace(
+            self,
+            draft_to_target=self.draft_to_target.to(device),
+            draft_mask=self.draft_mask.to(device),
+            shared_draft_ids=self.shared_draft_ids.to(device),
+            shared_target_ids=self.shared_target_ids.to(device),
+        )
 
     @property
     def size(self) -> int:
@@ -66,4 +77,4 @@ class VocabIntersection:
         duplicated added tokens) map to one target id and their mass adds up.
         """
         out = draft_probs.new_zeros(*draft_probs.shape[:-1], self.target_vocab_size)
-        return out.index_add_(-1, self.shared_target_ids, draft_probs[..., self.shared_draft_ids])
+        return out.index_add_(-1, self.shared_target_ids, draft_probs.index_select(-1, self.shared_draft_ids))

@@ -1,0 +1,84 @@
+"""The drafter's per-step tensor work runs on the runtime's device with no host sync
+beyond the one the bridge needs, shown without a GPU: under ``FakeTensorMode`` tensors
+live on a fake ``cuda`` device, and mixing in a CPU tensor raises
+(``FakeTensorDeviceMismatchError``), as does a host sync such as ``.item()`` or
+``.tolist()`` (``DataDependentOutputException``).
+
+Covered: the drafter's sampling (temperature, top-k, top-p, greedy, the exact q it
+sampled from), the intersection map and q carried onto the target vocabulary, for
+every token-level algorithm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
+from vllm_hetero_spec.drafter.token_level import TOKEN_LEVEL, draft_step
+from vllm_hetero_spec.vocab.intersection import VocabIntersection
+
+CUDA = torch.device("cuda")
+_INTERSECTION_TENSORS = ("draft_to_target", "draft_mask", "shared_draft_ids", "shared_target_ids")
+DRAFT_V, TARGET_V = 64, 80
+
+
+def _intersection() -> VocabIntersection:
+    draft = [None] + [f"t{i}".encode() for i in range(1, DRAFT_V)]
+    target = [f"t{i}".encode() if i % 3 else f"x{i}".encode() for i in range(TARGET_V)]
+    return VocabIntersection.build(draft, target)
+
+
+def _rows(device: torch.device) -> SamplingRows:
+    return SamplingRows.build(
+        temperature=[0.0, 0.7, 1.0, 1.3], top_k=[0, 5, 0, 20], top_p=[1.0, 0.9, 0.8, 1.0],
+        generators=[None] * 4, device=device,
+    )
+
+
+def test_fake_cuda_catches_host_tensors_and_syncs() -> None:
+    """The harness can fail: a CPU tensor in a cuda op, and .tolist(), both raise."""
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        x = torch.zeros(3, device=CUDA)
+        with pytest.raises(Exception, match="(?i)device"):
+            _ = x + torch.zeros(3)
+        with pytest.raises(Exception):
+            x.tolist()
+
+
+@pytest.mark.parametrize("algorithm", TOKEN_LEVEL)
+def test_token_level_draft_step_stays_on_device(algorithm: str) -> None:
+    inter = _intersection()
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        # Fake tensors hold no data: what is checked is where each op runs.
+        on_device = dataclasses.replace(
+            inter,
+            **{f: torch.empty(getattr(inter, f).shape, dtype=getattr(inter, f).dtype, device=CUDA)
+               for f in _INTERSECTION_TENSORS},
+        )
+        logits = torch.randn(4, DRAFT_V, device=CUDA)
+        step = draft_step(logits, _rows(CUDA), on_device, algorithm)
+        for t in (step.q, step.ids, step.target_ids, step.absent, step.target_q):
+            assert t.device.type == "cuda"
+        assert step.target_q.shape == (4, TARGET_V)
+
+
+def test_sampling_stays_on_device() -> None:
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        logits = torch.randn(4, DRAFT_V, device=CUDA)
+        rows = _rows(CUDA)
+        q = processed_probs(logits, rows)
+        ids = sample(q, rows)
+        assert q.device.type == "cuda" and ids.device.type == "cuda"
+
+
+def test_sampling_rows_flags_come_from_the_host() -> None:
+    """What decides the code path (any top-k/top-p, any greedy) is read from the
+    request settings on the host, never from a device tensor."""
+    rows = _rows(torch.device("cpu"))
+    assert rows.any_greedy and rows.any_filter and not rows.all_greedy
+    greedy = SamplingRows.build([0.0, 0.0], [0, 0], [1.0, 1.0], [None, None], torch.device("cpu"))
+    assert greedy.all_greedy and not greedy.any_filter

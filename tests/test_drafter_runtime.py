@@ -1,0 +1,150 @@
+"""The vLLM-native drafter (``drafter/runtime.py``) on real models.
+
+- Its logits equal the transformers reference (float32: 1e-4, or 1e-5 of the logits'
+  range where that is larger) for packed, chunked and decode forwards over several
+  requests at once, on SmolLM2 and on Gemma-3 past its 512-token sliding window.
+- Token trees (slrs's psi nodes, the pipeline's branches): every node's logits equal
+  those of running its path as a plain sequence, and the contexts stay where they were.
+- Forks share blocks copy-on-write: two continuations of one fork are both exact.
+- The pool is bounded: a forward that does not fit raises before running and takes
+  nothing; released blocks are reusable.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from vllm_hetero_spec.drafter.paged_kv import PoolExhausted, TokenTree
+from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def smollm2_runtime(smollm2: str) -> DraftModelRuntime:
+    return DraftModelRuntime(RuntimeConfig(smollm2, torch.float32, kv_pool_mb=96))
+
+
+@pytest.fixture(scope="module")
+def gemma_runtime(gemma: str) -> DraftModelRuntime:
+    return DraftModelRuntime(RuntimeConfig(gemma, torch.float32, kv_pool_mb=160))
+
+
+def _reference(path: str, ids: list[int]) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(100, 5000, (n,), generator=g).tolist()
+
+
+def _sequential(runtime: DraftModelRuntime, path: list[int]) -> torch.Tensor:
+    cache = runtime.new_cache()
+    try:
+        return runtime.forward([cache], [path])[0]
+    finally:
+        cache.release()
+
+
+@pytest.mark.parametrize("model,long_len", [("smollm2", 70), ("gemma", 560)])
+def test_logits_match_transformers(model: str, long_len: int, request: pytest.FixtureRequest) -> None:
+    runtime = request.getfixturevalue(f"{model}_runtime")
+    path = request.getfixturevalue(model)
+    ids = _ids(long_len, 0)
+    ref = _reference(path, ids)
+    a, b = runtime.new_cache(), runtime.new_cache()
+    # Two requests in one packed forward (a long prefill chunk and a short one), then a
+    # mixed step (a chunk and a decode token), then decode tokens for both.
+    cut = long_len - 3
+    first = runtime.forward([a, b], [ids[:cut], ids[:7]])
+    second = runtime.forward([a, b], [ids[cut : cut + 2], ids[7:8]])
+    third = runtime.forward([a, b], [ids[cut + 2 :], ids[8:9]])
+    got = {cut - 1: first[0], cut + 1: second[0], long_len - 1: third[0], 6: first[1], 7: second[1], 8: third[1]}
+    # 1e-4 absolute; Gemma's logits reach ~100, where float32 summation order alone
+    # moves them by a few 1e-4 (transformers' own eager and sdpa paths differ by 2.5e-4),
+    # so the bound there is 1e-5 of the logits' range.
+    bound = max(TOL, 1e-5 * float(ref.abs().max()))
+    for pos, logits in got.items():
+        err = float((logits - ref[pos]).abs().max())
+        assert err < bound, f"position {pos}: max |diff| = {err:.2e} (bound {bound:.1e})"
+        assert int(logits.argmax()) == int(ref[pos].argmax())
+    assert (a.length, b.length) == (long_len, 9)
+    a.release()
+    b.release()
+
+
+@pytest.mark.parametrize("model,context_len", [("smollm2", 9), ("gemma", 530)])
+def test_tree_nodes_match_their_paths(model: str, context_len: int, request: pytest.FixtureRequest) -> None:
+    runtime = request.getfixturevalue(f"{model}_runtime")
+    ctx = _ids(context_len, 1)
+    short = ctx[:5]
+    caches = [runtime.new_cache(), runtime.new_cache()]
+    runtime.forward(caches, [ctx, short])
+    trees = [TokenTree(caches[0]), TokenTree(caches[1])]
+    level1 = runtime.grow_trees(caches, trees, [[0, 0], [0]], [[300, 200], [77]])
+    level2 = runtime.grow_trees(caches, trees, [[1, 2, 1], [1]], [[400, 500, 600], [88]])
+    level3 = runtime.grow_trees(caches[:1], trees[:1], [[3]], [[700]])
+    for tree in trees:
+        tree.release()
+    assert [c.length for c in caches] == [len(ctx), len(short)]
+    checks = [
+        (level1[0][0], ctx + [300]), (level1[0][1], ctx + [200]), (level1[1][0], short + [77]),
+        (level2[0][0], ctx + [300, 400]), (level2[0][1], ctx + [200, 500]), (level2[0][2], ctx + [300, 600]),
+        (level2[1][0], short + [77, 88]), (level3[0][0], ctx + [300, 400, 700]),
+    ]
+    for got, path in checks:
+        err = float((got - _sequential(runtime, path)).abs().max())
+        assert err < TOL, (path[len(ctx) - 1 :], err)
+    # The trees left nothing behind: drafting on from the context is unaffected.
+    after = runtime.forward(caches[:1], [[999]])[0]
+    assert float((after - _sequential(runtime, ctx + [999])).abs().max()) < TOL
+    for cache in caches:
+        cache.release()
+
+
+def test_forks_are_copy_on_write(smollm2_runtime: DraftModelRuntime) -> None:
+    runtime = smollm2_runtime
+    ctx = _ids(45, 2)  # ends inside a block, so both continuations write a shared block
+    base = runtime.new_cache()
+    runtime.forward([base], [ctx])
+    fork = base.fork()
+    assert fork.blocks == base.blocks
+    a = runtime.forward([base], [[11, 12]])[0]
+    b = runtime.forward([fork], [[21, 22, 23]])[0]
+    assert fork.blocks[0] == base.blocks[0] and fork.blocks[-1] != base.blocks[-1]
+    assert float((a - _sequential(runtime, ctx + [11, 12])).abs().max()) < TOL
+    assert float((b - _sequential(runtime, ctx + [21, 22, 23])).abs().max()) < TOL
+    # Rolling the original back and rewriting it leaves the fork intact.
+    base.truncate(len(ctx) - 3)
+    runtime.forward([base], [[31]])
+    c = runtime.forward([fork], [[24]])[0]
+    assert float((c - _sequential(runtime, ctx + [21, 22, 23, 24])).abs().max()) < TOL
+    base.release()
+    fork.release()
+
+
+def test_pool_is_bounded(smollm2_runtime: DraftModelRuntime) -> None:
+    runtime = smollm2_runtime
+    pool = runtime.pool
+    free = pool.num_free
+    capacity = free * pool.block_size
+    cache = runtime.new_cache()
+    with pytest.raises(PoolExhausted):
+        runtime.forward([cache], [[7] * (capacity + 1)])
+    assert pool.num_free == free and cache.blocks == [] and cache.length == 0
+    hog = runtime.new_cache()
+    runtime.forward([hog], [[7] * (capacity - pool.block_size)])
+    assert pool.num_free == 1
+    with pytest.raises(PoolExhausted):
+        runtime.forward([cache], [[8] * (pool.block_size + 1)])
+    assert pool.num_free == 1
+    hog.release()
+    assert pool.num_free == free
+    runtime.forward([cache], [[8] * (pool.block_size + 1)])
+    cache.release()
+    assert pool.num_free == free
