@@ -16,7 +16,8 @@ import torch
 from transformers import AutoTokenizer
 
 from vllm_hetero_spec.config import HeteroSettings
-from vllm_hetero_spec.drafter.engine import DraftEngine, RequestParams, StepBatch
+from vllm_hetero_spec.drafter.engine import DraftEngine
+from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
 from vllm_hetero_spec.drafter.pipeline import PipelinedDrafter, branch_count
 from vllm_hetero_spec.prompts import BRIDGE_STRESS
 

@@ -28,7 +28,7 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 
 from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings, request_fsd_threshold
-from vllm_hetero_spec.drafter.engine import DrafterStats, RequestParams, StepBatch, StepDrafts
+from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.executors import DraftExecutor, make_executor
 from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.verify.plan import VerifyPlan

@@ -17,39 +17,23 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from vllm_hetero_spec.alignment import dtw_align_batch
 from vllm_hetero_spec.config import HeteroSettings
+from vllm_hetero_spec.drafter.messages import DraftOutput, DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted
+from vllm_hetero_spec.drafter.proposals import make_proposals
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
-from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows, processed_probs, sample
-from vllm_hetero_spec.drafter.slrs import StringLevelProposer
-from vllm_hetero_spec.drafter.token_level import RESTRICTED, TOKEN_LEVEL, draft_step
-from vllm_hetero_spec.dtw import transfer_probs
+from vllm_hetero_spec.drafter.sampling import SamplingRows
 from vllm_hetero_spec.vocab.bridge import VocabBridge
-from vllm_hetero_spec.vocab.retokenize import AlignedTokens, propose_continuations, sync_batch
+from vllm_hetero_spec.vocab.retokenize import AlignedTokens, sync_batch
 
 _TARGET_TAIL = 4  # committed target tokens re-encoded with the draft text (slem)
-
-
-@dataclass(frozen=True)
-class RequestParams:
-    """A request's sampling settings, as the drafter needs them (read from vLLM's
-    ``SamplingParams`` by the proposer, which alone sees the runner)."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    fsd_threshold: float = 0.0
 
 
 @dataclass
@@ -76,147 +60,6 @@ class RequestState:
         )
 
 
-@dataclass
-class StepBatch:
-    """One step's rows to draft: each request's committed target tokens (prompt and
-    output) and its sampling settings; ``budget`` caps the target tokens proposed."""
-
-    req_ids: list[str]
-    tokens: list[np.ndarray]
-    params: list[RequestParams]
-    budget: int
-
-
-@dataclass
-class StepDrafts:
-    """One step's proposals, per row of the :class:`StepBatch`.
-
-    Attributes:
-        ids: target-vocabulary proposals (possibly empty).
-        q: per row ``[len(ids), target_vocab]`` float32 proposal distributions, or
-            ``None`` for the whole step when the algorithm verifies one-hot (``slem``,
-            lossless ``dtw``).
-        force_reject: ``union``: per row with an absent proposal, which positions.
-        fsd_threshold: ``fsd``: per row its tau; ``None`` for other algorithms.
-        ready: per row, False when there was nothing to draft from yet.
-    """
-
-    ids: list[list[int]]
-    q: list[np.ndarray] | None
-    force_reject: dict[int, list[bool]] = field(default_factory=dict)
-    fsd_threshold: list[float] | None = None
-    ready: list[bool] = field(default_factory=list)
-
-    def select(self, rows: list[int]) -> "StepDrafts":
-        """The drafts of ``rows`` only, renumbered in that order."""
-        where = {r: i for i, r in enumerate(rows)}
-        return StepDrafts(
-            [self.ids[r] for r in rows],
-            None if self.q is None else [self.q[r] for r in rows],
-            {where[r]: f for r, f in self.force_reject.items() if r in where},
-            None if self.fsd_threshold is None else [self.fsd_threshold[r] for r in rows],
-            [self.ready[r] for r in rows],
-        )
-
-    @staticmethod
-    def concat(parts: list["StepDrafts"]) -> "StepDrafts":
-        """Rows of ``parts`` (at least one, all from the same algorithm) one after the other."""
-        out = StepDrafts([], None if parts[0].q is None else [], {}, None, [])
-        if parts[0].fsd_threshold is not None:
-            out.fsd_threshold = []
-        for part in parts:
-            base = len(out.ids)
-            out.ids += part.ids
-            if out.q is not None:
-                out.q += part.q
-            out.force_reject.update({base + r: f for r, f in part.force_reject.items()})
-            if out.fsd_threshold is not None:
-                out.fsd_threshold += part.fsd_threshold
-            out.ready += part.ready
-        return out
-
-
-@dataclass
-class DraftOutput:
-    """One draft loop's result for the active requests (see ``DraftEngine._draft``)."""
-
-    ids: list[list[int]]
-    token_q: list[list[float]]
-    q_rows: list[torch.Tensor]
-    absent: list[list[bool]]
-
-
-class FirstToken(NamedTuple):
-    """An ``slrs`` request's first proposal this step: the target token, the psi row it
-    was drawn from, and whether drafting continues after it (not after EOS or a token
-    the draft vocabulary cannot spell)."""
-
-    target_id: int
-    q: torch.Tensor
-    continues: bool
-
-
-@dataclass
-class DrafterStats:
-    """Counters exposed to benchmarks and metrics (see ``metrics.COUNTERS``).
-
-    The ``ray_*``, ``pipeline_*`` and ``budget_*`` counters stay zero in process; with
-    the Ray executor the drafting counters come from the actor and the rest are kept
-    by the client (``drafter/ray_executor.py``)."""
-
-    steps: int = 0
-    bridge_s: float = 0.0
-    draft_s: float = 0.0
-    draft_forwards: int = 0
-    proposed: int = 0
-    realign_mismatches: int = 0
-    fallbacks: int = 0
-    undrafted: int = 0
-    pool_full: int = 0
-    pool_bytes: int = 0
-    slrs_nodes: int = 0
-    slrs_capped: int = 0
-    slrs_uncovered: int = 0
-    request_states: int = 0
-    state_bytes: int = 0
-    pipeline_hits: int = 0
-    pipeline_misses: int = 0
-    pipeline_branches: int = 0
-    pipeline_s: float = 0.0
-    pipeline_errors: int = 0
-    actor_idle_s: float = 0.0
-    ray_wait_s: float = 0.0
-    ray_target_s: float = 0.0
-    ray_timeouts: int = 0
-    ray_restarts: int = 0
-    ray_undrafted_steps: int = 0
-    budget_sum: int = 0
-
-    def as_metrics(self) -> dict[str, float]:
-        """The counters under their ``hetero:*`` metric names."""
-        return {
-            "steps": self.steps,
-            "bridge_seconds": self.bridge_s,
-            "draft_seconds": self.draft_s,
-            "proposed_tokens": self.proposed,
-            "realign_mismatches": self.realign_mismatches,
-            "fallbacks": self.fallbacks,
-            "undrafted_requests": self.undrafted,
-            "pool_full_requests": self.pool_full,
-            "slrs_tree_nodes": self.slrs_nodes,
-            "slrs_capped_candidates": self.slrs_capped,
-            "slrs_uncovered_requests": self.slrs_uncovered,
-            "pipeline_hits": self.pipeline_hits,
-            "pipeline_misses": self.pipeline_misses,
-            "pipeline_branches": self.pipeline_branches,
-            "pipeline_errors": self.pipeline_errors,
-            "ray_wait_seconds": self.ray_wait_s,
-            "ray_timeouts": self.ray_timeouts,
-            "ray_restarts": self.ray_restarts,
-            "ray_undrafted_steps": self.ray_undrafted_steps,
-        }
-
-
 class DraftEngine:
     """Draft state and drafting for every request of one engine."""
 
@@ -236,22 +79,11 @@ class DraftEngine:
         self.target_vocab = target_vocab
         self.states: dict[str, RequestState] = {}
         self.stats = DrafterStats()
-        self._draft_specials = {
+        self.draft_specials = {
             tid for tid, b in enumerate(self.bridge.draft_encoder.token_bytes) if b is None
         } | set(self.bridge.draft_tokenizer.all_special_ids)
-        self._target_eos = self.bridge.target_tokenizer.eos_token_id
-        self.string_level = None
-        if settings.algorithm == "slrs":
-            self.string_level = StringLevelProposer(
-                self.bridge.draft_bytes,
-                self.bridge.target_bytes,
-                self.bridge.target_encoder,
-                self._target_eos,
-                target_vocab,
-                settings.slrs_max_nodes,
-                settings.slrs_candidates,
-                settings.slrs_min_prob,
-            )
+        self.target_eos = self.bridge.target_tokenizer.eos_token_id
+        self.proposals = make_proposals(self)
 
     # -- request lifetime -------------------------------------------------------------
 
@@ -307,34 +139,12 @@ class DraftEngine:
         active = [i for i, ok in enumerate(ready) if ok]
         active_ids = [req_ids[i] for i in active]
         t1 = time.perf_counter()
-        first = self._first_tokens(active_ids) if self.string_level is not None else {}
+        first = self.proposals.first_tokens(active_ids)
         drafting = [r for r in active_ids if r not in first or first[r].continues]
         draft = self._draft(drafting, budget, stop)
         t2 = time.perf_counter()
         out = StepDrafts([[] for _ in req_ids], None, ready=ready)
-        algorithm = self.settings.algorithm
-        if algorithm in TOKEN_LEVEL:
-            out.q = [np.zeros((0, self.target_vocab), np.float32) for _ in req_ids]
-            for j, i in enumerate(active):
-                out.ids[i] = draft.ids[j]
-                if draft.ids[j]:
-                    out.q[i] = draft.q_rows[j].cpu().numpy()
-                if any(draft.absent[j]):
-                    out.force_reject[i] = draft.absent[j]
-            if algorithm == "fsd":
-                out.fsd_threshold = [p.fsd_threshold for p in batch.params]
-        else:
-            drafted = dict(zip(drafting, draft.ids))
-            proposals = self._to_target(active_ids, [drafted.get(r, []) for r in active_ids], budget, first)
-            for i, ids in zip(active, proposals):
-                out.ids[i] = ids
-            if algorithm == "dtw" and self.settings.dtw_verify == "faithful":
-                rows = self._dtw_probs(draft, proposals)
-                out.q = [np.zeros((0, self.target_vocab), np.float32) for _ in req_ids]
-                for i, q in zip(active, rows):
-                    out.q[i] = q
-            if self.string_level is not None:
-                out.q = [self._first_token_probs(r, ids, first).numpy() for r, ids in zip(req_ids, out.ids)]
+        self.proposals.assemble(out, batch, active, drafting, draft, budget, first)
         if not speculative:
             t3 = time.perf_counter()
             self.stats.steps += 1
@@ -399,18 +209,11 @@ class DraftEngine:
             ready.append(n_ids > 0)
         return ready
 
-    def _draft_steps(self, budget: int) -> int:
-        """Drafter forwards per step: slem-style algorithms draft max_draft_tokens for k
-        target tokens, and a smaller budget scales that down in proportion."""
-        if self.settings.algorithm in TOKEN_LEVEL:
-            return budget
-        return math.ceil(self.settings.max_draft_tokens * budget / self.k)
-
     def _reserve(self, req_ids: list[str], ready: list[bool], budget: int) -> list[bool]:
         """Reserve KV blocks for this step's writes (pending tokens, drafts, and for
         slrs its first token's spelling) before any forward, so that a full pool
         leaves a request undrafted this step instead of failing mid-loop."""
-        extra = self._draft_steps(budget) + (8 if self.string_level is not None else 0)
+        extra = self.proposals.draft_steps(budget) + self.proposals.reserve_extra
         out = []
         for req_id, ok in zip(req_ids, ready):
             if ok:
@@ -426,7 +229,7 @@ class DraftEngine:
             out.append(ok)
         return out
 
-    def _sampling_rows(self, req_ids: list[str]) -> SamplingRows:
+    def sampling_rows(self, req_ids: list[str]) -> SamplingRows:
         params = [self.states[r].params for r in req_ids]
         return SamplingRows.build(
             [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params],
@@ -438,9 +241,9 @@ class DraftEngine:
         dtw, target ids for the token-level algorithms), each token's probability under
         the distribution it was sampled from, and for the token-level algorithms the full
         ``[n, target_vocab]`` q rows and which proposals the target lacks (union)."""
-        algorithm = self.settings.algorithm
-        token_level = algorithm in TOKEN_LEVEL
-        n_steps = self._draft_steps(budget)
+        strategy = self.proposals
+        token_level = strategy.token_level
+        n_steps = strategy.draft_steps(budget)
         drafts: list[list[int]] = [[] for _ in req_ids]
         proposals: list[list[int]] = [[] for _ in req_ids]
         absent: list[list[bool]] = [[] for _ in req_ids]
@@ -449,30 +252,23 @@ class DraftEngine:
         if not req_ids:
             return DraftOutput(drafts, token_q, [], absent)
         states = [self.states[r] for r in req_ids]
-        rows = self._sampling_rows(req_ids)
-        inter = self.intersection
+        rows = self.sampling_rows(req_ids)
+        n_draft = self.intersection.draft_to_target.numel()
         stop_prob = self.settings.draft_stop_prob
         live = list(range(len(req_ids)))
         for step in range(n_steps):
             caches = [states[i].cache for i in live]
             pending = [states[i].draft.ids[states[i].cache.length :].tolist() for i in live]
-            logits = self.runtime.forward(caches, pending)[:, : inter.draft_to_target.numel()]
+            logits = self.runtime.forward(caches, pending)[:, :n_draft]
             self.stats.draft_forwards += 1
             sub = rows if len(live) == len(req_ids) else rows.select(live)
-            if token_level:
-                mapped = draft_step(logits, sub, inter, algorithm)
-                q, sampled = mapped.q, mapped.ids
-            else:
-                q = processed_probs(logits, sub)
-                sampled = sample(q, sub)
-            pick = sampled.unsqueeze(1)
-            cols = [sampled, q.gather(1, pick).squeeze(1)]
+            mapped = strategy.sample(logits, sub)
+            pick = mapped.ids.unsqueeze(1)
+            cols = [mapped.ids, mapped.q.gather(1, pick).squeeze(1)]
             if token_level:
                 cols += [mapped.target_ids, mapped.absent]
             if stop_prob > 0:
-                # Confidence from the untempered draft distribution (q is one-hot when greedy).
-                raw = logits.masked_fill(inter.draft_mask.logical_not(), float("-inf")) if algorithm in RESTRICTED else logits
-                cols.append(raw.softmax(dim=-1).gather(1, pick).squeeze(1))
+                cols.append(strategy.confidence_logits(logits).softmax(dim=-1).gather(1, pick).squeeze(1))
             # The step's one host transfer: what the bridge and the loop's control need.
             host = torch.stack([c.double() for c in cols], dim=1).cpu().tolist()
             still = []
@@ -487,7 +283,7 @@ class DraftEngine:
                     probs[i].append(mapped.target_q[j])
                     if is_absent:
                         continue  # union: rejected for sure, so nothing after it can be accepted
-                if tok in self._draft_specials:
+                if tok in self.draft_specials:
                     continue
                 states[i].draft.append_drafted(tok)
                 if stop_prob > 0 and host[j][-1] < stop_prob:
@@ -499,87 +295,3 @@ class DraftEngine:
         if token_level:
             return DraftOutput(proposals, token_q, [torch.stack(p) if p else torch.empty(0) for p in probs], absent)
         return DraftOutput(drafts, token_q, [], absent)
-
-    def _to_target(
-        self, req_ids: list[str], drafts: list[list[int]], budget: int, first: dict[str, FirstToken] | None = None
-    ) -> list[list[int]]:
-        """slem/dtw/slrs: re-tokenize each request's draft text with the target tokenizer
-        (one batched call); a draft ending in a special token ends in the target's EOS.
-        A request with an ``slrs`` first token proposes it, then the re-tokenized text
-        drafted after it (within the remaining budget)."""
-        first = first or {}
-        enc = self.bridge.draft_encoder
-        leads = [[first[r].target_id] if r in first else [] for r in req_ids]
-        texts, stops = [], []
-        for ids in drafts:
-            stop = bool(ids) and ids[-1] in self._draft_specials
-            texts.append(b"".join(enc.bytes_of(t) for t in (ids[:-1] if stop else ids)))
-            stops.append(stop)
-        tails = [self.states[r].target_tail + lead for r, lead in zip(req_ids, leads)]
-        conts = propose_continuations(self.bridge.target_encoder, tails, texts, budget)
-        outs = []
-        for cont, lead, stop in zip(conts, leads, stops):
-            room = budget - len(lead)
-            cont = cont[:room]
-            if stop and len(cont) < room and self._target_eos is not None:
-                cont.append(self._target_eos)
-            outs.append(lead + cont)
-        return outs
-
-    def _first_tokens(self, req_ids: list[str]) -> dict[str, FirstToken]:
-        """slrs: for each sampling request (greedy ones verify by argmax, where psi
-        plays no part, and draft as slem), the first target token sampled from psi on
-        C, that distribution, and whether drafting continues after it (not after EOS or
-        a token the draft vocabulary cannot spell). Its draft tokens are appended to
-        the request's draft so the draft loop continues from its text."""
-        rows = self._sampling_rows(req_ids)
-        sampled = [i for i, t in enumerate(rows.host[0]) if t >= GREEDY_EPS]
-        if not sampled:
-            return {}
-        states = [self.states[req_ids[i]] for i in sampled]
-        caches = [s.cache for s in states]
-        logits = self.next_logits([req_ids[i] for i in sampled])[:, : len(self.bridge.draft_bytes)]
-        sub = rows.select(sampled)
-        result = self.string_level.propose(self.runtime, caches, logits, sub)
-        self.stats.slrs_nodes += result.nodes
-        self.stats.slrs_capped += result.capped
-        first = {}
-        for j, i in enumerate(sampled):
-            tid, q = result.target_ids[j], result.q_rows[j]
-            if tid is None:
-                # Drafted as slem: its draft loop needs the context's last token pending.
-                self.stats.slrs_uncovered += 1
-                states[j].cache.truncate(len(states[j].draft) - 1)
-                continue
-            for tok in result.draft_ids[j]:
-                states[j].draft.append_drafted(tok)
-            first[req_ids[i]] = FirstToken(tid, q, bool(result.draft_ids[j]))
-        return first
-
-    def _first_token_probs(self, req_id: str, ids: list[int], first: dict[str, FirstToken]) -> torch.Tensor:
-        """slrs's q rows ``[len(ids), target_vocab]``: psi on C at a first token drawn
-        from it, one-hot elsewhere (slem's rule, exact for any proposal)."""
-        rows = torch.zeros(len(ids), self.target_vocab)
-        if ids:
-            rows[torch.arange(len(ids)), torch.tensor(ids)] = 1.0
-        if req_id in first and ids:
-            rows[0] = first[req_id].q
-        return rows
-
-    def _dtw_probs(self, draft: DraftOutput, proposals: list[list[int]]) -> list[np.ndarray]:
-        """TokenTiming's transfer: align each request's draft tokens with its proxy
-        (re-tokenized) tokens by DTW and carry the matched draft token's probability
-        over as the proxy token's proposal probability (a one-entry q row)."""
-        bodies = [[t for t in ids if t not in self._draft_specials] for ids in draft.ids]
-        proxies = [[t for t in ids if t != self._target_eos] for ids in proposals]
-        results = dtw_align_batch(
-            bodies, proxies, self.bridge.draft_encoder.packed, self.bridge.target_encoder.packed, self.settings.dtw_window
-        )
-        rows = []
-        for i, ids in enumerate(proposals):
-            q = transfer_probs(results[i].path, draft.token_q[i], len(ids))
-            row = np.zeros((len(ids), self.target_vocab), np.float32)
-            for j, (tid, qj) in enumerate(zip(ids, q)):
-                row[j, tid] = qj
-            rows.append(row)
-        return rows

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from vllm_hetero_spec.config import HeteroSettings
-from vllm_hetero_spec.drafter.engine import DraftEngine, DrafterStats, StepBatch, StepDrafts
+from vllm_hetero_spec.drafter.engine import DraftEngine
+from vllm_hetero_spec.drafter.messages import DrafterStats, StepBatch, StepDrafts
 
 
 class DraftExecutor(Protocol):

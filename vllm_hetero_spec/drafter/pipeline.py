@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_hetero_spec.drafter.engine import DraftEngine, RequestParams, StepBatch, StepDrafts
+from vllm_hetero_spec.drafter.engine import DraftEngine
+from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.paged_kv import TokenTree
 from vllm_hetero_spec.vocab.retokenize import propose_continuations
 

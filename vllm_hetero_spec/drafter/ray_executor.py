@@ -30,7 +30,8 @@ import torch
 
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.budget import DraftBudget
-from vllm_hetero_spec.drafter.engine import DraftEngine, DrafterStats, StepBatch, StepDrafts
+from vllm_hetero_spec.drafter.engine import DraftEngine
+from vllm_hetero_spec.drafter.messages import DrafterStats, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.pipeline import PipelinedDrafter
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,167 @@
+"""The messages of one drafting step, and the drafter's counters.
+
+What the proposer (vLLM's side) hands the drafting engine, what comes back, and what
+travels to a Ray actor and back: plain data, no behaviour beyond layout, the way vLLM
+keeps its own ``v1/spec_decode/metadata.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """A request's sampling settings, as the drafter needs them (read from vLLM's
+    ``SamplingParams`` by the proposer, which alone sees the runner)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    fsd_threshold: float = 0.0
+
+
+@dataclass
+class StepBatch:
+    """One step's rows to draft: each request's committed target tokens (prompt and
+    output) and its sampling settings; ``budget`` caps the target tokens proposed."""
+
+    req_ids: list[str]
+    tokens: list[np.ndarray]
+    params: list[RequestParams]
+    budget: int
+
+
+@dataclass
+class StepDrafts:
+    """One step's proposals, per row of the :class:`StepBatch`.
+
+    Attributes:
+        ids: target-vocabulary proposals (possibly empty).
+        q: per row ``[len(ids), target_vocab]`` float32 proposal distributions, or
+            ``None`` for the whole step when the algorithm verifies one-hot (``slem``,
+            lossless ``dtw``).
+        force_reject: ``union``: per row with an absent proposal, which positions.
+        fsd_threshold: ``fsd``: per row its tau; ``None`` for other algorithms.
+        ready: per row, False when there was nothing to draft from yet.
+    """
+
+    ids: list[list[int]]
+    q: list[np.ndarray] | None
+    force_reject: dict[int, list[bool]] = field(default_factory=dict)
+    fsd_threshold: list[float] | None = None
+    ready: list[bool] = field(default_factory=list)
+
+    def select(self, rows: list[int]) -> "StepDrafts":
+        """The drafts of ``rows`` only, renumbered in that order."""
+        where = {r: i for i, r in enumerate(rows)}
+        return StepDrafts(
+            [self.ids[r] for r in rows],
+            None if self.q is None else [self.q[r] for r in rows],
+            {where[r]: f for r, f in self.force_reject.items() if r in where},
+            None if self.fsd_threshold is None else [self.fsd_threshold[r] for r in rows],
+            [self.ready[r] for r in rows],
+        )
+
+    @staticmethod
+    def concat(parts: list["StepDrafts"]) -> "StepDrafts":
+        """Rows of ``parts`` (at least one, all from the same algorithm) one after the other."""
+        out = StepDrafts([], None if parts[0].q is None else [], {}, None, [])
+        if parts[0].fsd_threshold is not None:
+            out.fsd_threshold = []
+        for part in parts:
+            base = len(out.ids)
+            out.ids += part.ids
+            if out.q is not None:
+                out.q += part.q
+            out.force_reject.update({base + r: f for r, f in part.force_reject.items()})
+            if out.fsd_threshold is not None:
+                out.fsd_threshold += part.fsd_threshold
+            out.ready += part.ready
+        return out
+
+
+@dataclass
+class DraftOutput:
+    """One draft loop's result for the active requests (see ``DraftEngine._draft``)."""
+
+    ids: list[list[int]]
+    token_q: list[list[float]]
+    q_rows: list[torch.Tensor]
+    absent: list[list[bool]]
+
+
+class FirstToken(NamedTuple):
+    """An ``slrs`` request's first proposal this step: the target token, the psi row it
+    was drawn from, and whether drafting continues after it (not after EOS or a token
+    the draft vocabulary cannot spell)."""
+
+    target_id: int
+    q: torch.Tensor
+    continues: bool
+
+
+@dataclass
+class DrafterStats:
+    """Counters exposed to benchmarks and metrics (see ``metrics.COUNTERS``).
+
+    The ``ray_*``, ``pipeline_*`` and ``budget_*`` counters stay zero in process; with
+    the Ray executor the drafting counters come from the actor and the rest are kept
+    by the client (``drafter/ray_executor.py``)."""
+
+    steps: int = 0
+    bridge_s: float = 0.0
+    draft_s: float = 0.0
+    draft_forwards: int = 0
+    proposed: int = 0
+    realign_mismatches: int = 0
+    fallbacks: int = 0
+    undrafted: int = 0
+    pool_full: int = 0
+    pool_bytes: int = 0
+    slrs_nodes: int = 0
+    slrs_capped: int = 0
+    slrs_uncovered: int = 0
+    request_states: int = 0
+    state_bytes: int = 0
+    pipeline_hits: int = 0
+    pipeline_misses: int = 0
+    pipeline_branches: int = 0
+    pipeline_s: float = 0.0
+    pipeline_errors: int = 0
+    actor_idle_s: float = 0.0
+    ray_wait_s: float = 0.0
+    ray_target_s: float = 0.0
+    ray_timeouts: int = 0
+    ray_restarts: int = 0
+    ray_undrafted_steps: int = 0
+    budget_sum: int = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        """The counters under their ``hetero:*`` metric names."""
+        return {
+            "steps": self.steps,
+            "bridge_seconds": self.bridge_s,
+            "draft_seconds": self.draft_s,
+            "proposed_tokens": self.proposed,
+            "realign_mismatches": self.realign_mismatches,
+            "fallbacks": self.fallbacks,
+            "undrafted_requests": self.undrafted,
+            "pool_full_requests": self.pool_full,
+            "slrs_tree_nodes": self.slrs_nodes,
+            "slrs_capped_candidates": self.slrs_capped,
+            "slrs_uncovered_requests": self.slrs_uncovered,
+            "pipeline_hits": self.pipeline_hits,
+            "pipeline_misses": self.pipeline_misses,
+            "pipeline_branches": self.pipeline_branches,
+            "pipeline_errors": self.pipeline_errors,
+            "ray_wait_seconds": self.ray_wait_s,
+            "ray_timeouts": self.ray_timeouts,
+            "ray_restarts": self.ray_restarts,
+            "ray_undrafted_steps": self.ray_undrafted_steps,
+        }

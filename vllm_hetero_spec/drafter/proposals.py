@@ -1,0 +1,273 @@
+"""Each algorithm's proposal strategy, registered once and chosen at construction.
+
+The draft loop (``drafter/engine.py``) is the same for every algorithm: sync, one
+packed forward per draft position, sample, feed the token back. What differs is how a
+position is sampled and how the step's draft tokens become target-vocabulary proposals
+and what verification gets with them:
+
+- token level (``tli``, ``fsd``, ``union``): sample through the intersection map; the
+  proposals are the mapped ids, q the exact distribution they were drawn from;
+- string level (``slem``, lossless ``dtw``): sample freely, re-tokenize the draft text
+  with the target tokenizer, verify one-hot;
+- ``dtw`` faithful: as string level, plus TokenTiming's transferred probabilities;
+- ``slrs``: a first target token drawn from psi (``drafter/slrs.py``), then string level.
+
+:data:`STRATEGIES` maps each algorithm name to its class; nothing else in the drafter
+branches on the algorithm's name.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import torch
+
+from vllm_hetero_spec.alignment import dtw_align_batch
+from vllm_hetero_spec.drafter.messages import DraftOutput, FirstToken, StepBatch, StepDrafts
+from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows, processed_probs, sample
+from vllm_hetero_spec.drafter.slrs import StringLevelProposer
+from vllm_hetero_spec.drafter.token_level import RESTRICTED, draft_step
+from vllm_hetero_spec.dtw import transfer_probs
+from vllm_hetero_spec.vocab.retokenize import propose_continuations
+
+if TYPE_CHECKING:
+    from vllm_hetero_spec.drafter.engine import DraftEngine
+
+
+class Sampled(NamedTuple):
+    """One draft position for the live rows: the sampled draft ids ``[n]``, the processed
+    distribution they were drawn from ``[n, draft_vocab]``, and for token-level
+    algorithms their target ids ``[n]``, which are absent ``[n]`` (union) and q carried
+    onto the target vocabulary ``[n, target_vocab]``."""
+
+    ids: torch.Tensor
+    q: torch.Tensor
+    target_ids: torch.Tensor | None = None
+    absent: torch.Tensor | None = None
+    target_q: torch.Tensor | None = None
+
+
+class StringLevel:
+    """``slem`` (and lossless ``dtw``): the drafter samples freely in its own vocabulary;
+    its text is re-tokenized with the target tokenizer and verified one-hot."""
+
+    token_level = False
+    reserve_extra = 0  # KV positions beyond the draft loop's own (slrs: its first token)
+
+    def __init__(self, engine: DraftEngine):
+        self.engine = engine
+
+    def draft_steps(self, budget: int) -> int:
+        """Drafter forwards per step: max_draft_tokens for k target tokens, scaled down
+        in proportion for a smaller budget."""
+        settings = self.engine.settings
+        return math.ceil(settings.max_draft_tokens * budget / settings.num_speculative_tokens)
+
+    def sample(self, logits: torch.Tensor, rows: SamplingRows) -> Sampled:
+        q = processed_probs(logits, rows)
+        return Sampled(sample(q, rows), q)
+
+    def confidence_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The untempered distribution ``draft_stop_prob`` reads (q is one-hot when greedy)."""
+        return logits
+
+    def first_tokens(self, req_ids: list[str]) -> dict[str, FirstToken]:
+        """Proposals decided before the draft loop (none here)."""
+        return {}
+
+    def assemble(
+        self, out: StepDrafts, batch: StepBatch, active: list[int], drafting: list[str], draft: DraftOutput,
+        budget: int, first: dict[str, FirstToken],
+    ) -> None:
+        """Fill ``out`` (one row per batch row) from the draft loop's output."""
+        active_ids = [batch.req_ids[i] for i in active]
+        drafted = dict(zip(drafting, draft.ids))
+        proposals = self.to_target(active_ids, [drafted.get(r, []) for r in active_ids], budget, first)
+        for i, ids in zip(active, proposals):
+            out.ids[i] = ids
+        self.add_q(out, batch, active, draft, proposals, first)
+
+    def add_q(
+        self, out: StepDrafts, batch: StepBatch, active: list[int], draft: DraftOutput, proposals: list[list[int]],
+        first: dict[str, FirstToken],
+    ) -> None:
+        """One-hot verification: no q."""
+
+    def to_target(
+        self, req_ids: list[str], drafts: list[list[int]], budget: int, first: dict[str, FirstToken]
+    ) -> list[list[int]]:
+        """Re-tokenize each request's draft text with the target tokenizer (one batched
+        call); a draft ending in a special token ends in the target's EOS. A request with
+        a first token proposes it, then the re-tokenized text drafted after it (within
+        the remaining budget)."""
+        engine = self.engine
+        enc = engine.bridge.draft_encoder
+        leads = [[first[r].target_id] if r in first else [] for r in req_ids]
+        texts, stops = [], []
+        for ids in drafts:
+            stop = bool(ids) and ids[-1] in engine.draft_specials
+            texts.append(b"".join(enc.bytes_of(t) for t in (ids[:-1] if stop else ids)))
+            stops.append(stop)
+        tails = [engine.states[r].target_tail + lead for r, lead in zip(req_ids, leads)]
+        conts = propose_continuations(engine.bridge.target_encoder, tails, texts, budget)
+        outs = []
+        for cont, lead, stop in zip(conts, leads, stops):
+            room = budget - len(lead)
+            cont = cont[:room]
+            if stop and len(cont) < room and engine.target_eos is not None:
+                cont.append(engine.target_eos)
+            outs.append(lead + cont)
+        return outs
+
+
+class DtwFaithful(StringLevel):
+    """``dtw`` with ``dtw_verify: faithful`` (TokenTiming): draft and proxy tokens are
+    aligned by DTW and the matched draft token's probability becomes the proxy token's
+    proposal probability (a one-entry q row)."""
+
+    def add_q(
+        self, out: StepDrafts, batch: StepBatch, active: list[int], draft: DraftOutput, proposals: list[list[int]],
+        first: dict[str, FirstToken],
+    ) -> None:
+        engine = self.engine
+        vocab = engine.target_vocab
+        bodies = [[t for t in ids if t not in engine.draft_specials] for ids in draft.ids]
+        proxies = [[t for t in ids if t != engine.target_eos] for ids in proposals]
+        results = dtw_align_batch(
+            bodies, proxies, engine.bridge.draft_encoder.packed, engine.bridge.target_encoder.packed,
+            engine.settings.dtw_window,
+        )
+        out.q = [np.zeros((0, vocab), np.float32) for _ in batch.req_ids]
+        for n, (i, ids) in enumerate(zip(active, proposals)):
+            q = transfer_probs(results[n].path, draft.token_q[n], len(ids))
+            row = np.zeros((len(ids), vocab), np.float32)
+            for j, (tid, qj) in enumerate(zip(ids, q)):
+                row[j, tid] = qj
+            out.q[i] = row
+
+
+class Slrs(StringLevel):
+    """``slrs``: each sampling request's first target token is drawn from the drafter's
+    string-level law psi on C (``drafter/slrs.py``), with that row as its q; the rest
+    of the step is string level, verified one-hot."""
+
+    reserve_extra = 8
+
+    def __init__(self, engine: DraftEngine):
+        super().__init__(engine)
+        settings, bridge = engine.settings, engine.bridge
+        self.proposer = StringLevelProposer(
+            bridge.draft_bytes, bridge.target_bytes, bridge.target_encoder, engine.target_eos, engine.target_vocab,
+            settings.slrs_max_nodes, settings.slrs_candidates, settings.slrs_min_prob,
+        )
+
+    def first_tokens(self, req_ids: list[str]) -> dict[str, FirstToken]:
+        """For each sampling request (greedy ones verify by argmax, where psi plays no
+        part, and draft as slem), the first target token sampled from psi on C, that
+        distribution, and whether drafting continues after it (not after EOS or a token
+        the draft vocabulary cannot spell). Its draft tokens are appended to the
+        request's draft so the draft loop continues from its text."""
+        engine = self.engine
+        rows = engine.sampling_rows(req_ids)
+        sampled = [i for i, t in enumerate(rows.host[0]) if t >= GREEDY_EPS]
+        if not sampled:
+            return {}
+        states = [engine.states[req_ids[i]] for i in sampled]
+        logits = engine.next_logits([req_ids[i] for i in sampled])[:, : len(engine.bridge.draft_bytes)]
+        result = self.proposer.propose(engine.runtime, [s.cache for s in states], logits, rows.select(sampled))
+        engine.stats.slrs_nodes += result.nodes
+        engine.stats.slrs_capped += result.capped
+        first = {}
+        for j, i in enumerate(sampled):
+            tid, q = result.target_ids[j], result.q_rows[j]
+            if tid is None:
+                # Drafted as slem: its draft loop needs the context's last token pending.
+                engine.stats.slrs_uncovered += 1
+                states[j].cache.truncate(len(states[j].draft) - 1)
+                continue
+            for tok in result.draft_ids[j]:
+                states[j].draft.append_drafted(tok)
+            first[req_ids[i]] = FirstToken(tid, q, bool(result.draft_ids[j]))
+        return first
+
+    def add_q(
+        self, out: StepDrafts, batch: StepBatch, active: list[int], draft: DraftOutput, proposals: list[list[int]],
+        first: dict[str, FirstToken],
+    ) -> None:
+        """q rows: psi on C at a first token drawn from it, one-hot elsewhere (slem's
+        rule, exact for any proposal)."""
+        out.q = []
+        for req_id, ids in zip(batch.req_ids, out.ids):
+            rows = np.zeros((len(ids), self.engine.target_vocab), np.float32)
+            rows[np.arange(len(ids)), ids] = 1.0
+            if req_id in first and ids:
+                rows[0] = first[req_id].q.cpu().numpy()
+            out.q.append(rows)
+
+
+class TokenLevel(StringLevel):
+    """``tli`` and ``union``: sample through the intersection map (``tli`` only among
+    shared tokens, ``union`` freely, its absent tokens proposed as placeholders and
+    rejected); q is the exact distribution each token was drawn from, on the target
+    vocabulary."""
+
+    token_level = True
+
+    def __init__(self, engine: DraftEngine):
+        super().__init__(engine)
+        self.algorithm = engine.settings.algorithm
+
+    def draft_steps(self, budget: int) -> int:
+        return budget
+
+    def sample(self, logits: torch.Tensor, rows: SamplingRows) -> Sampled:
+        mapped = draft_step(logits, rows, self.engine.intersection, self.algorithm)
+        return Sampled(mapped.ids, mapped.q, mapped.target_ids, mapped.absent, mapped.target_q)
+
+    def confidence_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.algorithm not in RESTRICTED:
+            return logits
+        return logits.masked_fill(self.engine.intersection.draft_mask.logical_not(), float("-inf"))
+
+    def assemble(
+        self, out: StepDrafts, batch: StepBatch, active: list[int], drafting: list[str], draft: DraftOutput,
+        budget: int, first: dict[str, FirstToken],
+    ) -> None:
+        out.q = [np.zeros((0, self.engine.target_vocab), np.float32) for _ in batch.req_ids]
+        for j, i in enumerate(active):
+            out.ids[i] = draft.ids[j]
+            if draft.ids[j]:
+                out.q[i] = draft.q_rows[j].cpu().numpy()
+            if any(draft.absent[j]):
+                out.force_reject[i] = draft.absent[j]
+
+
+class Fsd(TokenLevel):
+    """``fsd``: drafted as ``tli``; verification also gets each request's threshold."""
+
+    def assemble(
+        self, out: StepDrafts, batch: StepBatch, active: list[int], drafting: list[str], draft: DraftOutput,
+        budget: int, first: dict[str, FirstToken],
+    ) -> None:
+        super().assemble(out, batch, active, drafting, draft, budget, first)
+        out.fsd_threshold = [p.fsd_threshold for p in batch.params]
+
+
+def make_proposals(engine: DraftEngine) -> StringLevel:
+    """The strategy of the engine's algorithm (``dtw`` by its verification mode)."""
+    settings = engine.settings
+    if settings.algorithm == "dtw" and settings.dtw_verify == "faithful":
+        return DtwFaithful(engine)
+    return STRATEGIES[settings.algorithm](engine)
+
+
+STRATEGIES: dict[str, type[StringLevel]] = {
+    "slem": StringLevel,
+    "dtw": StringLevel,
+    "slrs": Slrs,
+    "tli": TokenLevel,
+    "union": TokenLevel,
+    "fsd": Fsd,
+}
