@@ -1,4 +1,5 @@
-"""Per-request draft state is created, dropped on finish and on abort, never leaked."""
+"""Per-request draft state is created, dropped on finish, abort and preemption, never
+leaked; preempted requests still give the target's own output."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hetero_spec.evaluation import RESULT_PREFIX, default_env
+from vllm_hetero_spec.evaluation import RESULT_PREFIX, default_env, run_isolated
+from vllm_hetero_spec.prompts import BRIDGE_STRESS
 
 pytestmark = pytest.mark.e2e
 
@@ -26,3 +28,20 @@ def test_aborted_and_finished_requests_leave_no_state(gemma: str, smollm2: str) 
     assert set(res["finished"]) == {"r2", "r3", "r4", "r5"}, res
     # Once the next request is scheduled, only its own state exists.
     assert res["during_next"] and max(res["during_next"]) == 1, res
+
+
+def test_preemption_gives_the_target_alone_output(qwen05: str, smollm2: str) -> None:
+    """A target KV cache so small that vLLM preempts running requests (their draft
+    state is dropped and rebuilt when they resume): T = 0 outputs stay exactly the
+    target's own, and every draft block is back in the pool at the end."""
+    job = {
+        "target": qwen05, "prompts": BRIDGE_STRESS[:8], "max_tokens": 48, "temperature": 0.0,
+        "max_model_len": 512, "warmup": False, "ignore_eos": True, "num_kv_blocks": 4,
+    }
+    plain = run_isolated(job)
+    spec = run_isolated({**job, "speculative_config": {
+        "method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli"}})
+    assert spec["num_preemptions"] > 0, "no preemption happened: the test proves nothing"
+    assert spec["token_ids"] == plain["token_ids"]
+    assert spec["num_accepted_tokens"] > 0 and spec["fallbacks"] == 0
+    assert spec["drafter_raw"]["pool_bytes"] == 0 and spec["live_request_states"] == 0

@@ -4,7 +4,9 @@ Real `vllm serve` processes on loopback (the console script, as a user runs it),
 with the `openai` client: T = 0 outputs identical to a server without speculation for
 completions and chat, streaming and not, under 32 concurrent requests; aborted streams
 leave no draft state behind; bad requests get 4xx and the server keeps serving; the
-metrics on /metrics are consistent; bad CLI configs stop the server at start-up.
+metrics on /metrics are consistent; a draft KV pool too small for the load stays within
+its bound and leaves the overflow undrafted, not wrong; bad CLI configs stop the server
+at start-up.
 """
 
 from __future__ import annotations
@@ -104,6 +106,38 @@ def test_32_concurrent_mixed_requests(servers) -> None:
     assert all(g for g in got), "a request came back empty"
     assert got == want
     assert hetero.metric_sum("hetero:fallbacks_total") == 0
+
+
+POOL_MB = 16  # about ten 32-token blocks of SmolLM2's float32 KV: a few requests' worth
+
+
+def test_bounded_draft_pool_under_32_concurrent_requests(servers, qwen05: str, smollm2: str,
+                                                         tmp_path: Path) -> None:
+    """A draft KV pool far smaller than 32 requests need: sampled while the load runs,
+    the pool never holds more than its configured bytes; requests that find it full run
+    undrafted (counted), every output is still the plain server's, nothing fails."""
+    plain, _ = servers
+    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli",
+            "draft_kv_pool_mb": POOL_MB}
+    bounded = _start(qwen05, ["--speculative-config", json.dumps(spec)], tmp_path / "bounded.log")
+    try:
+        jobs = [(BRIDGE_STRESS[i % len(BRIDGE_STRESS)], 16 + (i * 5) % 17) for i in range(32)]
+        peak = 0.0
+        with cf.ThreadPoolExecutor(max_workers=33) as pool:
+            futures = [pool.submit(_complete, bounded, p, n) for p, n in jobs]
+            while not all(f.done() for f in futures):
+                peak = max(peak, bounded.metric_sum("hetero:draft_pool_bytes"))
+                time.sleep(0.2)
+            got = [f.result() for f in futures]
+        want = _parallel(lambda p, n: _complete(plain, p, n), jobs)
+        assert got == want
+        assert 0 < peak <= POOL_MB << 20
+        assert bounded.metric_sum("hetero:pool_full_requests_total") > 0, "the pool never filled: test too weak"
+        assert bounded.metric_sum("vllm:spec_decode_num_accepted_tokens_total") > 0
+        assert bounded.metric_sum("hetero:fallbacks_total") == 0
+        assert _wait_for_metric(bounded, "hetero:draft_pool_bytes", 0) == 0
+    finally:
+        bounded.stop()
 
 
 def _wait_for_metric(server: ServerProcess, name: str, value: float, timeout: float = 60) -> float:

@@ -81,7 +81,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
     Keys: target, prompts, max_tokens, temperature, seed, speculative_config (or None),
     dtype, max_model_len, batch_size (requests submitted at once; default all),
-    tensor_parallel_size (default 1),
+    tensor_parallel_size (default 1), num_kv_blocks (the target's KV blocks; small
+    values make vLLM preempt), max_num_seqs (default 16),
     warmup (default True), stop (strings that end a request's output; default none).
     """
     from vllm import LLM, SamplingParams
@@ -97,6 +98,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         seed=job.get("seed", 0),
         max_num_seqs=job.get("max_num_seqs", 16),
         tensor_parallel_size=job.get("tensor_parallel_size", 1),
+        num_gpu_blocks_override=job.get("num_kv_blocks"),
     )
     temp = job.get("temperature", 0.0)
     seeds = job.get("request_seeds")
@@ -153,6 +155,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         "acceptance_per_position": [per_pos[i] / drafts for i in sorted(per_pos)] if drafts else None,
+        "num_preemptions": delta("vllm:num_preemptions"),
     }
     # Drafting time as vLLM's runner sees it, for any drafter (ours: bridge included).
     result["propose_s"] = propose_time["seconds"]

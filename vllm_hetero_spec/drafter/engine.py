@@ -212,14 +212,20 @@ class DraftEngine:
     def _reserve(self, req_ids: list[str], ready: list[bool], budget: int) -> list[bool]:
         """Reserve KV blocks for this step's writes (pending tokens, drafts, and for
         slrs its first token's spelling) before any forward, so that a full pool
-        leaves a request undrafted this step instead of failing mid-loop."""
+        leaves a request undrafted this step instead of failing mid-loop. A request
+        whose draft sequence would pass the draft model's context length is left
+        undrafted too."""
         extra = self.proposals.draft_steps(budget) + self.proposals.reserve_extra
         out = []
         for req_id, ok in zip(req_ids, ready):
             if ok:
                 state = self.states[req_id]
+                end = len(state.draft) + extra
+                if end > self.runtime.max_len:
+                    out.append(False)
+                    continue
                 try:
-                    copies = state.cache.reserve(len(state.draft) + extra)
+                    copies = state.cache.reserve(end)
                 except PoolExhausted:
                     self.stats.pool_full += 1
                     ok = False

@@ -38,7 +38,8 @@ class RuntimeConfig:
         dtype: the drafter's weights and KV cache dtype.
         kv_pool_mb: the paged pool's size (MiB); a request that finds it full runs
             undrafted until blocks free up.
-        max_model_len: the longest draft sequence (positions) it accepts.
+        max_model_len: the longest draft sequence (positions) it accepts; ``None``: the
+            draft model's own limit.
         tensor_parallel_size: the target's; vLLM's parallel layers shard over the
             global TP group, so a TP target shards the drafter too.
     """
@@ -46,7 +47,7 @@ class RuntimeConfig:
     model: str
     dtype: torch.dtype = torch.float32
     kv_pool_mb: int = 512
-    max_model_len: int = 8192
+    max_model_len: int | None = None
     tensor_parallel_size: int = 1
     compile: bool = False
 
@@ -121,6 +122,7 @@ class DraftModelRuntime:
         }
         self.layer_names = sorted(layers)
         self.vocab_size = self.vllm_config.model_config.get_vocab_size()
+        self.max_len = self.vllm_config.model_config.max_model_len
         self.dtype = self.vllm_config.model_config.dtype
         self._build_pool(layers)
 
