@@ -2,7 +2,9 @@
 
 Same machine, same prompts, same engine settings; every configuration in a fresh
 process. Reports output tok/s, speedup over plain decoding, acceptance rate, mean
-acceptance length and the time our bridge adds per step; medians over --repeats.
+acceptance length, the time our bridge adds per step, and -- for ours and vLLM's own
+draft models alike -- the runner's drafting time (``propose_draft_token_ids``) per draft
+token and the time per engine step; medians over --repeats.
 
     .venv/bin/python benchmarks/e2e_benchmark.py            # defaults below
     .venv/bin/python benchmarks/e2e_benchmark.py --repeats 3 --batch-sizes 1 8
@@ -13,8 +15,12 @@ Writes benchmarks/results/e2e.json and benchmarks/results/e2e.md.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import platform
+import shutil
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +31,26 @@ from vllm_hetero_spec.models import ensure_model
 from vllm_hetero_spec.prompts import chat_prompts, spec_bench_questions
 
 OUT = Path(__file__).parent / "results"
+
+
+# The last commit with the transformers drafter: ``--legacy`` runs "old" rows from a
+# worktree of it (PYTHONPATH first, so its plugin is the one vLLM loads).
+LEGACY_COMMIT = "465d77b"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def legacy_tree() -> Path:
+    """A worktree of :data:`LEGACY_COMMIT` with this checkout's compiled alignment core
+    (the Cython source is the same) and this checkout's measuring harness
+    (``evaluation.py``), so old and new rows are timed alike; removed at exit."""
+    path = Path(tempfile.mkdtemp()) / "legacy"
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), LEGACY_COMMIT], cwd=ROOT, check=True,
+                   capture_output=True)
+    atexit.register(subprocess.run, ["git", "worktree", "remove", "--force", str(path)], cwd=ROOT)
+    for so in (ROOT / "vllm_hetero_spec").glob("_alignment*.so"):
+        shutil.copy(so, path / "vllm_hetero_spec")
+    shutil.copy(ROOT / "vllm_hetero_spec" / "evaluation.py", path / "vllm_hetero_spec" / "evaluation.py")
+    return path
 
 
 def configs(draft: str, same_vocab_draft: str, k: int) -> dict[str, dict | None]:
@@ -63,7 +89,10 @@ def main() -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--only", nargs="*", help="substrings of configuration names to run")
+    ap.add_argument("--legacy", nargs="*", default=[], metavar="ALGORITHM",
+                    help=f"also run these algorithms with the transformers drafter of {LEGACY_COMMIT}")
     args = ap.parse_args()
+    legacy = legacy_tree() if args.legacy else None
 
     target = str(ensure_model(args.target))
     draft = str(ensure_model(args.draft))
@@ -77,9 +106,12 @@ def main() -> None:
     for temp, bs in cells:
         n = bs if bs > 1 else min(len(prompts), 4)
         plain_tps = None
-        for name, spec in configs(draft, same, args.k).items():
-            if args.only and name != "plain" and not any(s in name for s in args.only):
-                continue
+        cases = [(name, spec, None) for name, spec in configs(draft, same, args.k).items()
+                 if not args.only or name == "plain" or any(s in name for s in args.only)]
+        cases += [(f"old {alg} (transformers drafter)", {"method": "hetero", "model": draft,
+                   "num_speculative_tokens": args.k, "algorithm": alg}, {"PYTHONPATH": str(legacy)})
+                  for alg in args.legacy]
+        for name, spec, env in cases:
             runs = []
             for rep in range(args.repeats):
                 job = {
@@ -89,7 +121,7 @@ def main() -> None:
                 }
                 t0 = time.time()
                 try:
-                    runs.append(run_isolated(job))
+                    runs.append(run_isolated(job, env=env))
                 except RuntimeError as e:
                     print(f"{name} T={temp} bs={bs}: FAILED {str(e)[-300:]}", flush=True)
                     break
@@ -109,6 +141,8 @@ def main() -> None:
                 "mean_acceptance_length": median([r["mean_acceptance_length"] for r in runs]),
                 "bridge_ms_per_step": median([r.get("bridge_ms_per_step") for r in runs]),
                 "draft_ms_per_step": median([r.get("draft_ms_per_step") for r in runs]),
+                "propose_ms_per_draft_token": median([r.get("propose_ms_per_draft_token") for r in runs]),
+                "step_ms": median([1e3 * r["elapsed_s"] / r["propose_calls"] for r in runs if r.get("propose_calls")]),
             })
             # Written after every row, so an interrupted run keeps what it measured.
             (OUT / "e2e.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
@@ -122,18 +156,20 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
         f"Target {args.target} (float32), drafts {args.draft} / {args.same_vocab_draft}, k={args.k}, "
         f"{args.max_tokens} output tokens per request, Spec-Bench prompts, median of {args.repeats}.",
         "",
-        "| T | batch | configuration | tok/s | speedup | acceptance | mean acc. length | bridge ms/step | drafter ms/step |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| T | batch | configuration | tok/s | speedup | acceptance | mean acc. length | bridge ms/step | drafter ms/step "
+        "| propose ms/draft token | step ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['temperature']} | {r['batch_size']} | {r['config']} | failed | | | | | |")
+            lines.append(f"| {r['temperature']} | {r['batch_size']} | {r['config']} | failed | | | | | | | |")
             continue
         lines.append(
             f"| {r['temperature']} | {r['batch_size']} | {r['config']} | {r['tok_per_s']:.2f} | "
             f"{fmt(r['speedup'], '.2f')}x | {fmt(r['acceptance_rate'], '.1%')} | "
             f"{fmt(r['mean_acceptance_length'], '.2f')} | {fmt(r['bridge_ms_per_step'], '.2f')} | "
-            f"{fmt(r['draft_ms_per_step'], '.0f')} |"
+            f"{fmt(r['draft_ms_per_step'], '.0f')} | {fmt(r.get('propose_ms_per_draft_token'), '.1f')} | "
+            f"{fmt(r.get('step_ms'), '.0f')} |"
         )
     return "\n".join(lines) + "\n"
 
