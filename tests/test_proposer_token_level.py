@@ -35,6 +35,7 @@ class ScriptedRuntime:
         self.calls = 0
         self.device = torch.device("cpu")
         self.pool = BlockPool(1 << 16, 32, 0)
+        self.max_len = 1 << 20
 
     def new_cache(self) -> PagedCache:
         return PagedCache(self.pool)
