@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.engine import DraftEngine
-from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
+from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch
 from vllm_hetero_spec.drafter.pipeline import PipelinedDrafter, branch_count
 from vllm_hetero_spec.prompts import BRIDGE_STRESS
 
@@ -34,8 +34,19 @@ def test_branch_count_follows_duodecoding() -> None:
     assert branch_count(torch.tensor([0.3, 0.25, 0.2, 0.1]), 0.2, 2) == 2
 
 
-def _engine(smollm2: str, qwen05: str, algorithm: str) -> DraftEngine:
-    return DraftEngine(HeteroSettings(algorithm, smollm2, smollm2, 4, 4), qwen05, TARGET_VOCAB)
+_ENGINES: dict[tuple[str, str], DraftEngine] = {}
+
+
+def _engine(smollm2: str, qwen05: str, algorithm: str, role: str) -> DraftEngine:
+    """A drafting engine with no request state and zeroed counters; loaded once per
+    (algorithm, role) for the whole module, since loading dominates these tests."""
+    key = (algorithm, role)
+    if key not in _ENGINES:
+        _ENGINES[key] = DraftEngine(HeteroSettings(algorithm, smollm2, smollm2, 4, 4), qwen05, TARGET_VOCAB)
+    engine = _ENGINES[key]
+    engine.reset()
+    engine.stats = DrafterStats()
+    return engine
 
 
 PARAMS = {"greedy": RequestParams(), "seeded": RequestParams(temperature=1.0, seed=7)}
@@ -50,8 +61,8 @@ def prompts(qwen05: str) -> list[np.ndarray]:
 @pytest.mark.parametrize("algorithm", ["tli", "slem"])
 @pytest.mark.parametrize("mode", ["greedy", "seeded"])
 def test_a_hit_is_what_drafting_now_would_give(smollm2, qwen05, prompts, algorithm, mode) -> None:
-    pipelined = PipelinedDrafter(_engine(smollm2, qwen05, algorithm), max_branches=3)
-    plain = _engine(smollm2, qwen05, algorithm)
+    pipelined = PipelinedDrafter(_engine(smollm2, qwen05, algorithm, "pipelined"), max_branches=3)
+    plain = _engine(smollm2, qwen05, algorithm, "plain")
     req_ids = [f"r{i}" for i in range(len(prompts))]
     params = [PARAMS[mode]] * len(prompts)
     tokens = prompts
@@ -79,8 +90,8 @@ def test_a_hit_is_what_drafting_now_would_give(smollm2, qwen05, prompts, algorit
 
 
 def test_a_miss_drafts_on_demand(smollm2, qwen05, prompts) -> None:
-    pipelined = PipelinedDrafter(_engine(smollm2, qwen05, "tli"), max_branches=2)
-    plain = _engine(smollm2, qwen05, "tli")
+    pipelined = PipelinedDrafter(_engine(smollm2, qwen05, "tli", "pipelined"), max_branches=2)
+    plain = _engine(smollm2, qwen05, "tli", "plain")
     batch = StepBatch(["r"], prompts[:1], [RequestParams()], 4)
     first = pipelined.step(batch)
     plain.step(batch)
@@ -97,7 +108,7 @@ def test_a_miss_drafts_on_demand(smollm2, qwen05, prompts) -> None:
 
 
 def test_finished_requests_take_their_branches_along(smollm2, qwen05, prompts) -> None:
-    pipelined = PipelinedDrafter(_engine(smollm2, qwen05, "slem"), max_branches=3)
+    pipelined = PipelinedDrafter(_engine(smollm2, qwen05, "slem", "pipelined"), max_branches=3)
     pipelined.step(StepBatch(["a", "b"], prompts[:2], [RequestParams()] * 2, 4))
     pipelined.speculate()
     assert len(pipelined.engine.states) > 2
