@@ -74,7 +74,6 @@ def _proposer(
     config = SimpleNamespace(
         additional_config={"hetero_spec": settings.to_dict()},
         model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05, seed=0),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1),
     )
     proposer = proposer_module.HeteroProposer(config)
     proposer.load_model(None)

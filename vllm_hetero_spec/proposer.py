@@ -9,11 +9,12 @@ probabilities block, and a :class:`VerifyPlan` (``union``'s forced rejections,
 ``fsd``'s per-request thresholds) that the sampler collects through
 :meth:`HeteroProposer.verify_inputs`.
 
-With a tensor-parallel target every rank drafts in process: the drafter is built from
-vLLM's parallel layers, which shard over the same TP group, so all ranks run each draft
-forward together. Their drafts agree because every input does (committed tokens, and
-draft random streams seeded per request from the engine's seed, never the global RNG).
-A Ray drafter is a world of its own: rank 0 asks it and broadcasts the drafts.
+With a tensor-parallel target every rank drafts in process, with a whole (replicated)
+drafter of its own: a small draft model gains nothing from per-layer all-reduces, and
+nothing needs to cross ranks. Their drafts agree because every input does (committed
+tokens, and draft random streams seeded per request from the engine's seed, never the
+global RNG). A Ray drafter is a world of its own: rank 0 asks it and broadcasts the
+drafts.
 """
 
 from __future__ import annotations
@@ -109,10 +110,7 @@ class HeteroProposer:
         if self.executor is not None or (self._broadcast and self._tp.rank_in_group != 0):
             return
         model_config = self._vllm_config.model_config
-        self.executor = make_executor(
-            self.settings, model_config.tokenizer, self.target_vocab,
-            self._vllm_config.parallel_config.tensor_parallel_size, int(model_config.seed or 0),
-        )
+        self.executor = make_executor(self.settings, model_config.tokenizer, self.target_vocab, int(model_config.seed or 0))
 
     def drop_request(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""

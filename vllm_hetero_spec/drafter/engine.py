@@ -63,16 +63,12 @@ class RequestState:
 class DraftEngine:
     """Draft state and drafting for every request of one engine."""
 
-    def __init__(
-        self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, tensor_parallel_size: int = 1,
-        seed: int = 0,
-    ):
+    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0):
         self.settings = settings
         self.seed = seed
         self.k = settings.num_speculative_tokens
         self.runtime = DraftModelRuntime(
-            RuntimeConfig(settings.draft_model, getattr(torch, settings.draft_dtype), settings.draft_kv_pool_mb,
-                          tensor_parallel_size=tensor_parallel_size)
+            RuntimeConfig(settings.draft_model, getattr(torch, settings.draft_dtype), settings.draft_kv_pool_mb)
         )
         self.bridge = VocabBridge.build(settings.draft_tokenizer, target_tokenizer, self.runtime.vocab_size, target_vocab)
         self.intersection = self.bridge.intersection.to(self.runtime.device)

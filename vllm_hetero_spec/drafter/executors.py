@@ -42,11 +42,8 @@ class DraftExecutor(Protocol):
 class InProcessExecutor:
     """Drafting inline, in the caller's process and thread."""
 
-    def __init__(
-        self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, tensor_parallel_size: int = 1,
-        seed: int = 0,
-    ):
-        self.engine = DraftEngine(settings, target_tokenizer, target_vocab, tensor_parallel_size, seed)
+    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0):
+        self.engine = DraftEngine(settings, target_tokenizer, target_vocab, seed)
 
     def step(self, batch: StepBatch, live: set[str]) -> StepDrafts:
         self.engine.keep_only(live)
@@ -68,13 +65,10 @@ class InProcessExecutor:
         """Nothing to release."""
 
 
-def make_executor(
-    settings: HeteroSettings, target_tokenizer: str, target_vocab: int, tensor_parallel_size: int = 1, seed: int = 0
-) -> DraftExecutor:
-    """The executor the config asks for (a Ray actor drafts in a world of its own, so
-    it takes no TP size)."""
+def make_executor(settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0) -> DraftExecutor:
+    """The executor the config asks for; ``seed`` seeds the draft random streams."""
     if settings.executor == "ray":
         from vllm_hetero_spec.drafter.ray_executor import RayExecutor
 
         return RayExecutor(settings, target_tokenizer, target_vocab, seed)
-    return InProcessExecutor(settings, target_tokenizer, target_vocab, tensor_parallel_size, seed)
+    return InProcessExecutor(settings, target_tokenizer, target_vocab, seed)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache, PoolExhausted, TokenTree
+from vllm_hetero_spec.vllm_patches import tensor_parallel_group
 
 _PREFIX = "hetero_draft"
 
@@ -40,15 +41,12 @@ class RuntimeConfig:
             undrafted until blocks free up.
         max_model_len: the longest draft sequence (positions) it accepts; ``None``: the
             draft model's own limit.
-        tensor_parallel_size: the target's; vLLM's parallel layers shard over the
-            global TP group, so a TP target shards the drafter too.
     """
 
     model: str
     dtype: torch.dtype = torch.float32
     kv_pool_mb: int = 512
     max_model_len: int | None = None
-    tensor_parallel_size: int = 1
     compile: bool = False
 
 
@@ -58,14 +56,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ensure_distributed(vllm_config) -> None:
-    """vLLM's layers need its model-parallel groups. Inside a vLLM worker they exist;
-    in a standalone process (a Ray actor, a test, a benchmark) we create a world of one."""
+def _draft_tp_group(vllm_config):
+    """A tensor-parallel group of one rank for the drafter, which every rank runs whole.
+
+    vLLM's layers need its model-parallel groups. Inside a vLLM worker they exist: with a
+    TP target every rank creates (collectively, in the same order) one single-rank
+    group per rank, the drafter's. In a standalone process (a Ray actor, a test, a
+    benchmark) we create a world of one and use its TP group."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
-        return
+        tp = parallel_state.get_tp_group()
+        if tp.world_size == 1:
+            return tp
+        world = parallel_state.get_world_group()
+        ranks = [[r] for r in range(world.world_size)]
+        with set_current_vllm_config(vllm_config):
+            return parallel_state.init_model_parallel_group(
+                ranks, world.local_rank, torch.distributed.get_backend(world.device_group),
+                use_device_communicator=False, group_name="hetero_draft_tp",
+            )
     if vllm_config.device_config.device.type == "cpu":
         # What vLLM's CPU worker does at start: torch.accelerator calls become no-ops
         # (the model loader calls empty_cache, which raises without an accelerator).
@@ -78,6 +89,7 @@ def _ensure_distributed(vllm_config) -> None:
             backend="gloo",
         )
         parallel_state.ensure_model_parallel_initialized(1, 1)
+    return parallel_state.get_tp_group()
 
 
 def _draft_vllm_config(cfg: RuntimeConfig):
@@ -92,7 +104,6 @@ def _draft_vllm_config(cfg: RuntimeConfig):
         dtype=dtype,
         max_model_len=cfg.max_model_len,
         enforce_eager=not cfg.compile,
-        tensor_parallel_size=cfg.tensor_parallel_size,
         skip_tokenizer_init=True,
         enable_prefix_caching=False,
     )
@@ -110,9 +121,9 @@ class DraftModelRuntime:
 
         self.cfg = cfg
         self.vllm_config = _draft_vllm_config(cfg)
-        _ensure_distributed(self.vllm_config)
+        self.tp_group = _draft_tp_group(self.vllm_config)
         self.device = torch.device(self.vllm_config.device_config.device)
-        with set_current_vllm_config(self.vllm_config), set_model_tag(_PREFIX):
+        with set_current_vllm_config(self.vllm_config), set_model_tag(_PREFIX), tensor_parallel_group(self.tp_group):
             self.model = get_model(vllm_config=self.vllm_config, prefix=_PREFIX)
         self.model.eval()
         layers = {
@@ -242,10 +253,10 @@ class DraftModelRuntime:
             metadata.update({name: built for name in group.layer_names})
         with set_forward_context(
             metadata, self.vllm_config, num_tokens=t, slot_mapping={name: slot_t for name in self.layer_names}
-        ):
+        ), tensor_parallel_group(self.tp_group):
             hidden = self.model(input_ids=input_ids, positions=pos_t)
-        last = torch.from_numpy(qsl[1:] - 1).to(self.device, non_blocking=True)
-        return self.model.compute_logits(hidden[last]).float()
+            last = torch.from_numpy(qsl[1:] - 1).to(self.device, non_blocking=True)
+            return self.model.compute_logits(hidden[last]).float()
 
     @torch.inference_mode()
     def grow_trees(
