@@ -1,7 +1,9 @@
-"""A tensor-parallel target (TP = 2, two CPU worker processes): only rank 0 drafts and
-broadcasts its drafts and q rows every step; every rank must verify the same proposals,
-so T = 0 output stays identical to the same TP = 2 engine without speculation. Run with
-the drafter in process and in a Ray actor (one actor for the whole engine)."""
+"""A tensor-parallel target (TP = 2, two CPU worker processes): in process every rank
+runs a whole drafter of its own (SmolLM2's 9 heads do not divide by 2, so a sharded
+drafter could not even be built) and must draft exactly what the others draft; with a
+Ray actor (one for the whole engine) rank 0 broadcasts its drafts and q rows. Every
+rank must verify the same proposals, so T = 0 output stays identical to the same
+TP = 2 engine without speculation."""
 
 from __future__ import annotations
 
