@@ -11,6 +11,8 @@ distribution for the token-level algorithms (``tli``, ``fsd``, ``union``), and f
 ``slrs`` a first target token sampled from the drafter's string-level law psi
 (``drafter/slrs.py``) followed by re-tokenized draft text -- with what verification
 needs beyond the ids (q rows, ``union``'s forced rejections, ``fsd``'s thresholds).
+How a position is sampled and how proposals are assembled is the algorithm's strategy
+(``drafter/proposals.py``), chosen once at construction; the loop here is shared.
 """
 
 from __future__ import annotations
