@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from vllm.engine.arg_utils import EngineArgs
@@ -37,6 +39,7 @@ def _engine_config(target: str, spec):
         ({"executor": "ray", "max_branches": 0}, "'max_branches'"),
         ({"executor": "ray", "ray_address": ""}, "'ray_address'"),
         ({"executor": "ray", "min_speculative_tokens": 5}, "'min_speculative_tokens'"),
+        ({"draft_kv_pool_mb": 0}, "'draft_kv_pool_mb'"),
     ],
 )
 def test_bad_config_names_key(gemma: str, smollm2: str, override: dict, key: str) -> None:
@@ -51,6 +54,18 @@ def test_ray_settings_travel_to_the_workers(gemma: str, smollm2: str) -> None:
     settings = _engine_config(gemma, spec).additional_config["hetero_spec"]
     assert settings["executor"] == "ray" and settings["draft_budget"] == "adaptive"
     assert (settings["ray_num_cpus"], settings["ray_threads"], settings["max_branches"]) == (2, 2, 4)
+
+
+def test_draft_architecture_vllm_cannot_run(gemma: str, smollm2: str, tmp_path) -> None:
+    """The drafter is built by vLLM's loader: an architecture vLLM lacks is refused at
+    start-up, naming the key, not as a traceback from a worker."""
+    config = json.loads((Path(smollm2) / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchForCausalLM"]}))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(smollm2) / name, tmp_path / name)
+    spec = {"method": "hetero", "model": str(tmp_path), "num_speculative_tokens": 4}
+    with pytest.raises(HeteroConfigError, match="'model'.*NoSuchForCausalLM.*vLLM cannot run"):
+        _engine_config(gemma, spec)
 
 
 def test_unreadable_draft_model(gemma: str, tmp_path) -> None:

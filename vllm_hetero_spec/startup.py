@@ -15,6 +15,19 @@ logger = init_logger(__name__)
 __all__ = ["is_hetero", "prepare"]
 
 
+def _check_architecture(model: str, architectures: list[str]) -> None:
+    """The drafter is built by vLLM's own loader, so its architecture must be one vLLM
+    runs; say so here, at start-up, rather than as a traceback from a worker."""
+    from vllm.model_executor.models import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    if not any(arch in supported for arch in architectures):
+        raise HeteroConfigError(
+            f"'model' = {model!r} has architecture {architectures or 'unknown'}, which vLLM cannot run; "
+            "choose a draft model whose architecture vLLM supports (e.g. Llama, Qwen2, Gemma-3)"
+        )
+
+
 def prepare(spec: dict[str, Any], target_model_config: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Validate a ``method: hetero`` spec against the target; return the
     ``additional_config`` entries for the workers and the spec dict for vLLM."""
@@ -23,6 +36,7 @@ def prepare(spec: dict[str, Any], target_model_config: Any) -> tuple[dict[str, A
         draft_cfg = AutoConfig.from_pretrained(settings.draft_model)
     except Exception as e:  # transformers raises many types for a bad folder
         raise HeteroConfigError(f"'model' = {settings.draft_model!r} cannot be loaded ({e}); point it at a causal LM folder") from e
+    _check_architecture(settings.draft_model, getattr(draft_cfg, "architectures", None) or [])
     draft_vocab = draft_cfg.get_text_config().vocab_size
     try:
         bridge = VocabBridge.build(
