@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
+from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
 from vllm_hetero_spec.drafter.sampling import SamplingRows
 from vllm_hetero_spec.drafter.slrs import StringLevelProposer
 from vllm_hetero_spec.models import ensure_model
@@ -78,7 +78,7 @@ def _summary(values: np.ndarray) -> dict[str, float]:
 def runtime_counts(bridge: VocabBridge, draft_path: str, target_path: str, contexts: int, steps: int) -> dict[str, float]:
     """Drive the drafter through real prompts: each step proposes a first token with
     slrs defaults, then commits the drafter's greedy token (a plausible text path)."""
-    runtime = DraftModelRuntime(draft_path)
+    runtime = DraftModelRuntime(RuntimeConfig(draft_path))
     proposer = StringLevelProposer(
         bridge.draft_bytes, bridge.target_bytes, bridge.target_encoder, bridge.target_tokenizer.eos_token_id,
         len(bridge.target_bytes), max_nodes=32, num_candidates=8, min_prob=1e-3,
@@ -98,6 +98,7 @@ def runtime_counts(bridge: VocabBridge, draft_path: str, target_path: str, conte
             capped.append(first.capped)
             coverage.extend(first.coverage)
             logits = runtime.forward([cache], [[int(logits[0].argmax())]])
+        cache.release()
     return {
         "steps": len(nodes), "nodes_median": statistics.median(nodes), "nodes_mean": statistics.mean(nodes),
         "nodes_max": max(nodes), "capped_per_step": statistics.mean(capped),
