@@ -18,6 +18,7 @@ from vllm import SamplingParams
 from vllm_hetero_spec import proposer as proposer_module
 from vllm_hetero_spec.drafter import engine as engine_module
 from vllm_hetero_spec.config import HeteroSettings
+from vllm_hetero_spec.drafter.messages import RequestParams
 from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache
 from vllm_hetero_spec.drafter.token_level import ABSENT_PLACEHOLDER
 from vllm_hetero_spec.vocab.bridge import VocabBridge
@@ -202,3 +203,29 @@ def test_slrs_without_budget_drafts_as_slem(monkeypatch, bridge, smollm2, qwen05
     assert len(out[0]) > 0
     probs = prop.take_last_draft_probs()
     assert all(float(probs[0, j, t]) == 1.0 for j, t in enumerate(out[0]))
+
+
+def test_drafting_never_touches_the_global_rng(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """vLLM samples the target from the global RNG on every TP rank; sampled drafting
+    (seeded and unseeded rows) must neither draw from it nor depend on it."""
+    a, b, _ = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [a, b, a, b])
+    _attach(prop, {"r0": SamplingParams(temperature=1.0, seed=3), "r1": SamplingParams(temperature=0.8)},
+            ["r0", "r1"])
+    before = torch.random.get_rng_state()
+    _propose(prop, qwen05, 2)
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_rebuilt_requests_draw_fresh_randomness(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """A request's draft stream depends on its seed (or the engine's seed and its id)
+    and on where its state was built: a state rebuilt after preemption or a failure
+    continues with new draws instead of replaying the ones its committed tokens saw."""
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [1])
+    stream = prop.executor.engine._stream_seed
+    seeded = RequestParams(1.0, 0, 1.0, seed=5)
+    assert stream("r", seeded, 10) == stream("another id", seeded, 10)  # the seed decides
+    assert stream("r", seeded, 10) != stream("r", seeded, 11)  # rebuilt later: new draws
+    unseeded = RequestParams(1.0)
+    assert stream("r0", unseeded, 10) != stream("r1", unseeded, 10)
+    assert stream("r0", unseeded, 10) == stream("r0", unseeded, 10)  # the same on every rank
