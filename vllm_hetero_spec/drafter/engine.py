@@ -92,8 +92,6 @@ class DraftEngine:
         if state is not None:
             state.cache.release()
 
-    forget = drop
-
     def keep_only(self, live: set[str]) -> None:
         """Forget every request not in ``live``."""
         for req_id in [r for r in self.states if r not in live]:

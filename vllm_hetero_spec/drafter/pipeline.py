@@ -98,14 +98,14 @@ class PipelinedDrafter:
         """Forget every request not in ``live``, with its branches."""
         for req_id in [r for r in self.branches if r not in live]:
             for branch in self.branches.pop(req_id):
-                self.engine.forget(branch.key)
+                self.engine.drop(branch.key)
         self.engine.keep_only(live | self._branch_keys())
 
     def discard(self) -> None:
         """Drop every speculative branch."""
         for branches in self.branches.values():
             for branch in branches:
-                self.engine.forget(branch.key)
+                self.engine.drop(branch.key)
         self.branches.clear()
 
     def speculate(self, stop: Callable[[], bool] = lambda: False) -> None:
@@ -135,13 +135,13 @@ class PipelinedDrafter:
         live = [j for j, ok in enumerate(ready) if ok]
         for j, ok in enumerate(ready):
             if not ok:
-                engine.forget(keys[j])
+                engine.drop(keys[j])
         if live:
             self._branch([keys[j] for j in live], [bases[j] for j in live], [params[j] for j in live],
                          [owners[j] for j in live], batch.budget, stop)
         kept = self._branch_keys()
         for key in [k for k in engine.states if _BRANCH in k and k not in kept]:
-            engine.forget(key)  # cut short, or no candidates
+            engine.drop(key)  # cut short, or no candidates
         engine.stats.pipeline_s += time.perf_counter() - t0
 
     def _branch_keys(self) -> set[str]:
