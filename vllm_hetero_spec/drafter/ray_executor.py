@@ -158,8 +158,13 @@ class RayExecutor:
                 kwargs.update(address="local", num_cpus=settings.ray_num_cpus, object_store_memory=128 << 20)
             ray.init(**kwargs)
             self._owns_ray = True
+        # OMP_NUM_THREADS for every thread of the actor, not only the one torch's
+        # set_num_threads ran in: the actor's calls run in Ray's threads, and vLLM's CPU
+        # attention checks that its scheduler metadata (built with torch's thread count)
+        # and its kernel (OpenMP's count for the calling thread) agree.
         self._remote = ray.remote(
-            num_cpus=settings.ray_num_cpus, max_restarts=0, max_task_retries=0, max_concurrency=2
+            num_cpus=settings.ray_num_cpus, max_restarts=0, max_task_retries=0, max_concurrency=2,
+            runtime_env={"env_vars": {"OMP_NUM_THREADS": str(settings.ray_threads)}},
         )(DraftActor)
         self._budget = DraftBudget(settings.min_speculative_tokens, settings.num_speculative_tokens) \
             if settings.draft_budget == "adaptive" else None
