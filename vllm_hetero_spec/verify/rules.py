@@ -54,7 +54,7 @@ def accepted_lengths(accept: torch.Tensor, num_draft: torch.Tensor) -> torch.Ten
     """Number of leading accepted positions per row. ``accept`` is ``[B, K]`` bool;
     positions at or beyond ``num_draft`` never count."""
     k = accept.shape[1]
-    valid = torch.arange(k).unsqueeze(0) < num_draft.unsqueeze(1)
+    valid = torch.arange(k, device=accept.device).unsqueeze(0) < num_draft.unsqueeze(1)
     return (accept & valid).int().cumprod(dim=1).sum(dim=1)
 
 
@@ -94,7 +94,8 @@ def verify_block(
     if draft_probs is None and (force_reject is not None or fuzzy is not None):
         raise ValueError("force_reject and fuzzy acceptance need the draft distributions (draft_probs)")
     b, k = draft_ids.shape
-    rows = torch.arange(b)
+    device = target_probs.device
+    rows = torch.arange(b, device=device)
     safe_ids = draft_ids.clamp(min=0).long()
     p_x = target_probs.gather(2, safe_ids.unsqueeze(2)).squeeze(2)
     q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.gather(2, safe_ids.unsqueeze(2)).squeeze(2)
@@ -125,8 +126,8 @@ def verify_block(
         recovered = bonus_ids
     last = torch.where(n_acc < num_draft, recovered, bonus_ids)
 
-    out = torch.full((b, k + 1), PLACEHOLDER, dtype=torch.long)
-    cols = torch.arange(k + 1).unsqueeze(0)
+    out = torch.full((b, k + 1), PLACEHOLDER, dtype=torch.long, device=device)
+    cols = torch.arange(k + 1, device=device).unsqueeze(0)
     out[:, :k] = torch.where(cols[:, :k] < n_acc.unsqueeze(1), draft_ids.long(), PLACEHOLDER)
     out[rows, n_acc] = last.long()
     return out

@@ -27,14 +27,14 @@ from vllm_hetero_spec.verify.rules import FuzzyAcceptance, verify_block
 VerifyInputs = Callable[[int, int], tuple[torch.Tensor | None, FuzzyAcceptance | None]]
 
 
-def _padded_index(num_draft: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded_index(num_draft: list[int], k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, K]`` indices into the flat draft-token axis (clamped for padding) and the
-    ``[B]`` draft counts, to turn vLLM's flattened layout into a padded block."""
-    counts = torch.tensor(num_draft, dtype=torch.long)
+    ``[B]`` draft counts, to turn vLLM's flattened layout into a padded block (built on
+    ``device`` from the host-side counts, so no sync)."""
+    counts = torch.tensor(num_draft, dtype=torch.long, device=device)
     starts = torch.cumsum(counts, 0) - counts
-    idx = starts.unsqueeze(1) + torch.arange(k).unsqueeze(0)
-    total = int(counts.sum())
-    return idx.clamp(max=max(total - 1, 0)), counts
+    idx = starts.unsqueeze(1) + torch.arange(k, device=device).unsqueeze(0)
+    return idx.clamp(max=max(sum(num_draft) - 1, 0)), counts
 
 
 class HeteroRejectionSampler(RejectionSampler):
@@ -77,19 +77,20 @@ class HeteroRejectionSampler(RejectionSampler):
 
         b = len(metadata.num_draft_tokens)
         k = metadata.max_spec_len
-        idx, counts = _padded_index(metadata.num_draft_tokens, k)
+        device = target_logits.device
+        idx, counts = _padded_index(metadata.num_draft_tokens, k, device)
         target_probs = target_logits.softmax(dim=-1)[idx]
         draft_block = None if draft_probs is None else draft_probs.to(torch.float32)[idx]
         draft_ids = metadata.draft_token_ids.long()[idx]
 
         if sampling_metadata.all_greedy or sampling_metadata.temperature is None:
-            greedy = torch.ones(b, dtype=torch.bool)
+            greedy = torch.ones(b, dtype=torch.bool, device=device)
         else:
-            greedy = sampling_metadata.temperature.cpu() == GREEDY_TEMPERATURE
-        uniform = torch.rand(b, k, dtype=torch.float64)
-        noise = torch.empty(b, target_probs.shape[-1]).exponential_()
+            greedy = sampling_metadata.temperature == GREEDY_TEMPERATURE
+        uniform = torch.rand(b, k, dtype=torch.float64, device=device)
+        noise = torch.empty(b, target_probs.shape[-1], device=device).exponential_()
         for row, gen in sampling_metadata.generators.items():
-            if counts[row] > 0:
+            if metadata.num_draft_tokens[row] > 0:
                 uniform[row].uniform_(generator=gen)
                 noise[row].exponential_(generator=gen)
 
