@@ -221,13 +221,10 @@ class DraftEngine:
                     out.append(False)
                     continue
                 try:
-                    copies = state.cache.reserve(end)
+                    state.cache.reserve(end)
                 except PoolExhausted:
                     self.stats.pool_full += 1
                     ok = False
-                else:
-                    if copies:
-                        self.runtime.pool.copy_blocks([c[0] for c in copies], [c[1] for c in copies])
             out.append(ok)
         return out
 

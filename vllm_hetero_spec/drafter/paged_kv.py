@@ -84,11 +84,10 @@ class PagedCache:
         self.blocks = blocks if blocks is not None else []
         self.length = length
 
-    def reserve(self, end: int) -> list[tuple[int, int]]:
+    def reserve(self, end: int) -> None:
         """Make positions ``[length, end)`` writable: allocate missing blocks and
-        un-share shared ones. Returns the ``(src, dst)`` block copies the caller must
-        perform before writing. Raises :class:`PoolExhausted` (having allocated
-        nothing it keeps) when the pool runs out."""
+        un-share shared ones (copied through ``pool.copy_blocks``). Raises
+        :class:`PoolExhausted` (having allocated nothing it keeps) when the pool runs out."""
         bs = self.pool.block_size
         first, last = self.length // bs, (end - 1) // bs
         copies: list[tuple[int, int]] = []
@@ -114,7 +113,8 @@ class PagedCache:
                     self.blocks[idx] = next(it)
             else:
                 self.blocks.append(next(it))
-        return copies
+        if copies:
+            self.pool.copy_blocks([s for s, _ in copies], [d for _, d in copies])
 
     def advance(self, n: int) -> None:
         self.length += n

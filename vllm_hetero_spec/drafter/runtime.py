@@ -200,11 +200,8 @@ class DraftModelRuntime:
         lengths = [len(t) for t in new_tokens]
         if not all(lengths):
             raise ValueError("every request needs at least one new token (its logits come from the last one)")
-        copies: list[tuple[int, int]] = []
         for cache, n in zip(caches, lengths):
-            copies += cache.reserve(cache.length + n)
-        if copies:
-            self._copy_blocks([s for s, _ in copies], [d for _, d in copies])
+            cache.reserve(cache.length + n)
         logits = self._run(caches, lengths, [t for toks in new_tokens for t in toks])
         for cache, n in zip(caches, lengths):
             cache.advance(n)
