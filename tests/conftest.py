@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -30,3 +31,11 @@ def gemma() -> str:
 @pytest.fixture(scope="session")
 def qwen05() -> str:
     return _model("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_module_memory():
+    """Collect each module's engines and models before the next module loads its own:
+    the suite runs in one process, beside servers and engine subprocesses."""
+    yield
+    gc.collect()

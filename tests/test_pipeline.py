@@ -10,6 +10,8 @@ what they are. That is what keeps every verification rule as lossless with it as
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -34,16 +36,23 @@ def test_branch_count_follows_duodecoding() -> None:
     assert branch_count(torch.tensor([0.3, 0.25, 0.2, 0.1]), 0.2, 2) == 2
 
 
-_ENGINES: dict[tuple[str, str], DraftEngine] = {}
+@pytest.fixture(scope="module")
+def engines():
+    """Drafting engines by (algorithm, role), loaded once for the module (loading
+    dominates these tests) and freed with it."""
+    cache: dict[tuple[str, str], DraftEngine] = {}
+    yield cache
+    cache.clear()
+    gc.collect()
 
 
-def _engine(smollm2: str, qwen05: str, algorithm: str, role: str) -> DraftEngine:
-    """A drafting engine with no request state and zeroed counters; loaded once per
-    (algorithm, role) for the whole module, since loading dominates these tests."""
+def _engine(engines: dict, smollm2: str, qwen05: str, algorithm: str, role: str) -> DraftEngine:
+    """A drafting engine with no request state and zeroed counters."""
     key = (algorithm, role)
-    if key not in _ENGINES:
-        _ENGINES[key] = DraftEngine(HeteroSettings(algorithm, smollm2, smollm2, 4, 4), qwen05, TARGET_VOCAB)
-    engine = _ENGINES[key]
+    if key not in engines:
+        settings = HeteroSettings(algorithm, smollm2, smollm2, 4, 4, draft_kv_pool_mb=64)
+        engines[key] = DraftEngine(settings, qwen05, TARGET_VOCAB)
+    engine = engines[key]
     engine.reset()
     engine.stats = DrafterStats()
     return engine
@@ -60,9 +69,9 @@ def prompts(qwen05: str) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("algorithm", ["tli", "slem"])
 @pytest.mark.parametrize("mode", ["greedy", "seeded"])
-def test_a_hit_is_what_drafting_now_would_give(smollm2, qwen05, prompts, algorithm, mode) -> None:
-    pipelined = PipelinedDrafter(_engine(smollm2, qwen05, algorithm, "pipelined"), max_branches=3)
-    plain = _engine(smollm2, qwen05, algorithm, "plain")
+def test_a_hit_is_what_drafting_now_would_give(engines, smollm2, qwen05, prompts, algorithm, mode) -> None:
+    pipelined = PipelinedDrafter(_engine(engines, smollm2, qwen05, algorithm, "pipelined"), max_branches=3)
+    plain = _engine(engines, smollm2, qwen05, algorithm, "plain")
     req_ids = [f"r{i}" for i in range(len(prompts))]
     params = [PARAMS[mode]] * len(prompts)
     tokens = prompts
@@ -89,9 +98,9 @@ def test_a_hit_is_what_drafting_now_would_give(smollm2, qwen05, prompts, algorit
     assert hits >= len(req_ids)
 
 
-def test_a_miss_drafts_on_demand(smollm2, qwen05, prompts) -> None:
-    pipelined = PipelinedDrafter(_engine(smollm2, qwen05, "tli", "pipelined"), max_branches=2)
-    plain = _engine(smollm2, qwen05, "tli", "plain")
+def test_a_miss_drafts_on_demand(engines, smollm2, qwen05, prompts) -> None:
+    pipelined = PipelinedDrafter(_engine(engines, smollm2, qwen05, "tli", "pipelined"), max_branches=2)
+    plain = _engine(engines, smollm2, qwen05, "tli", "plain")
     batch = StepBatch(["r"], prompts[:1], [RequestParams()], 4)
     first = pipelined.step(batch)
     plain.step(batch)
@@ -107,8 +116,8 @@ def test_a_miss_drafts_on_demand(smollm2, qwen05, prompts) -> None:
     assert set(pipelined.engine.states) == {"r"}  # the branches' states are gone
 
 
-def test_finished_requests_take_their_branches_along(smollm2, qwen05, prompts) -> None:
-    pipelined = PipelinedDrafter(_engine(smollm2, qwen05, "slem", "pipelined"), max_branches=3)
+def test_finished_requests_take_their_branches_along(engines, smollm2, qwen05, prompts) -> None:
+    pipelined = PipelinedDrafter(_engine(engines, smollm2, qwen05, "slem", "pipelined"), max_branches=3)
     pipelined.step(StepBatch(["a", "b"], prompts[:2], [RequestParams()] * 2, 4))
     pipelined.speculate()
     assert len(pipelined.engine.states) > 2

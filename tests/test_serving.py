@@ -4,21 +4,18 @@ Real `vllm serve` processes on loopback (the console script, as a user runs it),
 with the `openai` client: T = 0 outputs identical to a server without speculation for
 completions and chat, streaming and not, under 32 concurrent requests; aborted streams
 leave no draft state behind; bad requests get 4xx and the server keeps serving; the
-metrics on /metrics are consistent; a draft KV pool too small for the load stays within
-its bound and leaves the overflow undrafted, not wrong; bad CLI configs stop the server
-at start-up.
+metrics on /metrics are consistent; bad CLI configs stop the server at start-up.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import subprocess
 import time
 from pathlib import Path
 
-import openai
 import pytest
+from _serving import COMMON, MAX_MODEL_LEN, chat, client, complete, parallel, start, wait_for_metric
 
 from vllm_hetero_spec.evaluation import default_env
 from vllm_hetero_spec.prompts import BRIDGE_STRESS
@@ -27,13 +24,6 @@ from vllm_hetero_spec.server_process import ServerProcess, vllm_command
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
-MAX_MODEL_LEN = 512
-# --enforce-eager: no torch.compile warm-up, halving start-up on 2 cores (both servers alike).
-COMMON = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--generation-config", "vllm", "--enforce-eager"]
-
-
-def _start(model: str, extra: list[str], log: Path) -> ServerProcess:
-    return ServerProcess(model, COMMON + extra, log).start()
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +31,9 @@ def servers(qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory)
     """A plain server and the documented hetero server (configs/hetero.json, by path),
     on the same target. Started one after the other: two cores."""
     logs = tmp_path_factory.mktemp("serve")
-    plain = _start(qwen05, [], logs / "plain.log")
+    plain = start(qwen05, [], logs / "plain.log")
     try:
-        hetero = _start(qwen05, ["--speculative-config", str(REPO / "configs/hetero.json")], logs / "hetero.log")
+        hetero = start(qwen05, ["--speculative-config", str(REPO / "configs/hetero.json")], logs / "hetero.log")
     except Exception:
         plain.stop()
         raise
@@ -52,41 +42,14 @@ def servers(qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory)
     plain.stop()
 
 
-def _client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=600)
-
-
-def _complete(server: ServerProcess, prompt: str, max_tokens: int, stream: bool = False, **extra) -> str:
-    client = _client(server)
-    kwargs = dict(model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0.0, **extra)
-    if not stream:
-        return client.completions.create(**kwargs).choices[0].text
-    return "".join(chunk.choices[0].text for chunk in client.completions.create(stream=True, **kwargs))
-
-
-def _chat(server: ServerProcess, content: str, max_tokens: int, stream: bool = False) -> str:
-    client = _client(server)
-    kwargs = dict(
-        model=server.model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0.0
-    )
-    if not stream:
-        return client.chat.completions.create(**kwargs).choices[0].message.content
-    return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs))
-
-
-def _parallel(fn, jobs: list[tuple]) -> list:
-    with cf.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        return list(pool.map(lambda job: fn(*job), jobs))
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["plain-response", "streaming"])
 def test_completions_and_chat_identical_to_plain_server(servers, stream: bool) -> None:
     plain, hetero = servers
     prompts = BRIDGE_STRESS[:4]
     for prompt in prompts:
-        assert _complete(hetero, prompt, 24, stream) == _complete(plain, prompt, 24, stream), prompt
+        assert complete(hetero, prompt, 24, stream) == complete(plain, prompt, 24, stream), prompt
     question = "Write a Python function that reverses a string."
-    assert _chat(hetero, question, 24, stream) == _chat(plain, question, 24, stream)
+    assert chat(hetero, question, 24, stream) == chat(plain, question, 24, stream)
     assert hetero.metric_sum("vllm:spec_decode_num_accepted_tokens_total") > 0
 
 
@@ -101,59 +64,18 @@ def test_32_concurrent_mixed_requests(servers) -> None:
     def run(server: ServerProcess, kind: str, prompt: str, n: int, stream: bool) -> str:
         return (_chat if kind == "chat" else _complete)(server, prompt, n, stream)
 
-    got = _parallel(run, [(hetero, *job) for job in jobs])
-    want = _parallel(run, [(plain, *job) for job in jobs])
+    got = parallel(run, [(hetero, *job) for job in jobs])
+    want = parallel(run, [(plain, *job) for job in jobs])
     assert all(g for g in got), "a request came back empty"
     assert got == want
     assert hetero.metric_sum("hetero:fallbacks_total") == 0
-
-
-POOL_MB = 16  # about ten 32-token blocks of SmolLM2's float32 KV: a few requests' worth
-
-
-def test_bounded_draft_pool_under_32_concurrent_requests(servers, qwen05: str, smollm2: str,
-                                                         tmp_path: Path) -> None:
-    """A draft KV pool far smaller than 32 requests need: sampled while the load runs,
-    the pool never holds more than its configured bytes; requests that find it full run
-    undrafted (counted), every output is still the plain server's, nothing fails."""
-    plain, _ = servers
-    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli",
-            "draft_kv_pool_mb": POOL_MB}
-    bounded = _start(qwen05, ["--speculative-config", json.dumps(spec)], tmp_path / "bounded.log")
-    try:
-        jobs = [(BRIDGE_STRESS[i % len(BRIDGE_STRESS)], 16 + (i * 5) % 17) for i in range(32)]
-        peak = 0.0
-        with cf.ThreadPoolExecutor(max_workers=33) as pool:
-            futures = [pool.submit(_complete, bounded, p, n) for p, n in jobs]
-            while not all(f.done() for f in futures):
-                peak = max(peak, bounded.metric_sum("hetero:draft_pool_bytes"))
-                time.sleep(0.2)
-            got = [f.result() for f in futures]
-        want = _parallel(lambda p, n: _complete(plain, p, n), jobs)
-        assert got == want
-        assert 0 < peak <= POOL_MB << 20
-        assert bounded.metric_sum("hetero:pool_full_requests_total") > 0, "the pool never filled: test too weak"
-        assert bounded.metric_sum("vllm:spec_decode_num_accepted_tokens_total") > 0
-        assert bounded.metric_sum("hetero:fallbacks_total") == 0
-        assert _wait_for_metric(bounded, "hetero:draft_pool_bytes", 0) == 0
-    finally:
-        bounded.stop()
-
-
-def _wait_for_metric(server: ServerProcess, name: str, value: float, timeout: float = 60) -> float:
-    deadline = time.monotonic() + timeout
-    current = server.metric_sum(name)
-    while current != value and time.monotonic() < deadline:
-        time.sleep(0.5)
-        current = server.metric_sum(name)
-    return current
 
 
 def test_aborted_streams_leave_no_draft_state(servers) -> None:
     _, hetero = servers
 
     def read_then_disconnect(i: int) -> int:
-        stream = _client(hetero).completions.create(
+        stream = client(hetero).completions.create(
             model=hetero.model, prompt=BRIDGE_STRESS[i % len(BRIDGE_STRESS)], max_tokens=200, temperature=0.0,
             stream=True,
         )
@@ -165,10 +87,10 @@ def test_aborted_streams_leave_no_draft_state(servers) -> None:
         stream.close()
         return seen
 
-    assert _parallel(read_then_disconnect, [(i,) for i in range(8)]) == [3] * 8
-    assert _wait_for_metric(hetero, "hetero:request_states", 0) == 0
-    assert _wait_for_metric(hetero, "hetero:draft_state_bytes", 0) == 0
-    assert _complete(hetero, "def add(a, b):", 8)
+    assert parallel(read_then_disconnect, [(i,) for i in range(8)]) == [3] * 8
+    assert wait_for_metric(hetero, "hetero:request_states", 0) == 0
+    assert wait_for_metric(hetero, "hetero:draft_state_bytes", 0) == 0
+    assert complete(hetero, "def add(a, b):", 8)
 
 
 BAD_REQUESTS = {
@@ -198,7 +120,7 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(servers, case: str) -
     assert 400 <= resp.status_code < 500, (resp.status_code, resp.text[:500])
     assert "error" in resp.json()
     assert hetero.alive()
-    assert _complete(hetero, "def add(a, b):", 4)
+    assert complete(hetero, "def add(a, b):", 4)
 
 
 def test_unknown_top_level_fields_are_ignored_as_vllm_documents(servers) -> None:
@@ -206,14 +128,14 @@ def test_unknown_top_level_fields_are_ignored_as_vllm_documents(servers) -> None
     newer clients keep working; the plugin keeps that contract."""
     plain, hetero = servers
     extra = {"extra_body": {"not_a_vllm_field": 1}}
-    assert _complete(hetero, "def add(a, b):", 8, **extra) == _complete(plain, "def add(a, b):", 8)
+    assert complete(hetero, "def add(a, b):", 8, **extra) == complete(plain, "def add(a, b):", 8)
 
 
 def test_spec_decode_metrics_are_consistent(servers) -> None:
     """vLLM's counters see our drafts (and accepted <= drafted, per position too); the
     plugin's own series are on /metrics with the configured algorithm."""
     _, hetero = servers
-    _complete(hetero, BRIDGE_STRESS[0], 16)
+    complete(hetero, BRIDGE_STRESS[0], 16)
     m = hetero.metrics()
     drafts = hetero.metric_sum("vllm:spec_decode_num_drafts_total")
     draft_tokens = hetero.metric_sum("vllm:spec_decode_num_draft_tokens_total")
@@ -245,9 +167,9 @@ def _serve_fails(model: str, spec: str, timeout: float = 240) -> subprocess.Comp
     ids=["unknown algorithm", "missing file"],
 )
 def test_bad_cli_config_fails_fast_with_the_key(qwen05: str, spec: str, needle: str) -> None:
-    start = time.monotonic()
+    began = time.monotonic()
     proc = _serve_fails(qwen05, spec)
     assert proc.returncode != 0
     assert needle in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    assert time.monotonic() - start < 120
+    assert time.monotonic() - began < 120

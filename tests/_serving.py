@@ -1,0 +1,58 @@
+"""Helpers for the serving tests: real `vllm serve` processes queried with the `openai`
+client."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from pathlib import Path
+
+import openai
+
+from vllm_hetero_spec.server_process import ServerProcess
+
+MAX_MODEL_LEN = 512
+# --enforce-eager: no torch.compile warm-up, halving start-up on 2 cores (both servers alike).
+COMMON = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--generation-config", "vllm", "--enforce-eager"]
+
+
+def start(model: str, extra: list[str], log: Path) -> ServerProcess:
+    """A `vllm serve` of ``model`` with the tests' common flags, ready to serve."""
+    return ServerProcess(model, COMMON + extra, log).start()
+
+
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=600)
+
+
+def complete(server: ServerProcess, prompt: str, max_tokens: int, stream: bool = False, **extra) -> str:
+    api = client(server)
+    kwargs = dict(model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0.0, **extra)
+    if not stream:
+        return api.completions.create(**kwargs).choices[0].text
+    return "".join(chunk.choices[0].text for chunk in api.completions.create(stream=True, **kwargs))
+
+
+def chat(server: ServerProcess, content: str, max_tokens: int, stream: bool = False) -> str:
+    api = client(server)
+    kwargs = dict(
+        model=server.model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0.0
+    )
+    if not stream:
+        return api.chat.completions.create(**kwargs).choices[0].message.content
+    return "".join(c.choices[0].delta.content or "" for c in api.chat.completions.create(stream=True, **kwargs))
+
+
+def parallel(fn, jobs: list[tuple]) -> list:
+    with cf.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        return list(pool.map(lambda job: fn(*job), jobs))
+
+
+def wait_for_metric(server: ServerProcess, name: str, value: float, timeout: float = 60) -> float:
+    """The metric once it reads ``value`` (or its last reading after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    current = server.metric_sum(name)
+    while current != value and time.monotonic() < deadline:
+        time.sleep(0.5)
+        current = server.metric_sum(name)
+    return current
