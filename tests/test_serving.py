@@ -62,7 +62,7 @@ def test_32_concurrent_mixed_requests(servers) -> None:
         jobs.append(("chat" if i % 4 == 3 else "completion", prompt, 8 + (i * 7) % 33, i % 3 == 0))
 
     def run(server: ServerProcess, kind: str, prompt: str, n: int, stream: bool) -> str:
-        return (_chat if kind == "chat" else _complete)(server, prompt, n, stream)
+        return (chat if kind == "chat" else complete)(server, prompt, n, stream)
 
     got = parallel(run, [(hetero, *job) for job in jobs])
     want = parallel(run, [(plain, *job) for job in jobs])
