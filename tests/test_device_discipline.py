@@ -22,7 +22,7 @@ from vllm_hetero_spec.drafter.token_level import TOKEN_LEVEL, draft_step
 from vllm_hetero_spec.vocab.intersection import VocabIntersection
 
 CUDA = torch.device("cuda")
-_INTERSECTION_TENSORS = ("draft_to_target", "draft_mask", "shared_draft_ids", "shared_target_ids")
+_INTERSECTION_TENSORS = ("draft_to_target", "draft_mask", "shared_draft_ids", "shared_target_ids", "support", "support_col")
 DRAFT_V, TARGET_V = 64, 80
 
 
@@ -61,9 +61,11 @@ def test_token_level_draft_step_stays_on_device(algorithm: str) -> None:
         )
         logits = torch.randn(4, DRAFT_V, device=CUDA)
         step = draft_step(logits, _rows(CUDA), on_device, algorithm)
-        for t in (step.q, step.ids, step.target_ids, step.absent, step.target_q):
+        dense = step.target_q(TARGET_V)
+        for t in (step.q, step.ids, step.target_ids, step.absent, step.verify_q, dense):
             assert t.device.type == "cuda"
-        assert step.target_q.shape == (4, TARGET_V)
+        assert step.verify_q.shape == (4, inter.support.shape[0])
+        assert dense.shape == (4, TARGET_V)
 
 
 def test_sampling_stays_on_device() -> None:

@@ -109,6 +109,18 @@ def _ids(bridge: VocabBridge) -> tuple[int, int, int]:
     return shared[500], shared[600], absent
 
 
+def _q_rows(plan, req_id: str, proposals: list[int]) -> torch.Tensor:
+    """``[n, V]`` the q the plan gives each of a request's proposals (one-hot where it
+    has no row), expanded from the compact form the way verification reads it."""
+    rows = []
+    for j, tok in zip(plan.q_index.get(req_id, [-1] * len(proposals)), proposals):
+        if j < 0:
+            rows.append(torch.nn.functional.one_hot(torch.tensor(tok), 151936).float())
+        else:
+            rows.append(plan.q.dense(torch.tensor([j]), 151936)[0])
+    return torch.stack(rows)
+
+
 def test_union_proposes_a_placeholder_and_stops(monkeypatch, bridge, smollm2, qwen05) -> None:
     a, b, absent = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "union", [a, absent, b, b])
@@ -117,14 +129,16 @@ def test_union_proposes_a_placeholder_and_stops(monkeypatch, bridge, smollm2, qw
     out = _propose(prop, qwen05, 2)
     t_a = int(bridge.intersection.draft_to_target[a])
     assert out == [[t_a, ABSENT_PLACEHOLDER]] * 2  # nothing drafted after the absent token
-    probs = prop.take_last_draft_probs()
-    assert probs.shape == (2, K, 151936)
-    assert float(probs[0, 0, t_a]) > 0.99
-    assert float(probs[0, 1].sum()) < 1e-6  # q_in: the absent token's mass is not renormalized away
-    prop.runner.input_batch.req_ids = ["r1", "r0", "r2"]  # reordered and grown by verification time
-    force, fuzzy = prop.verify_inputs(3, 2)
-    assert force.tolist() == [[False, True], [False, True], [False, False]] and fuzzy is None
-    assert prop.verify_inputs(3, 2) == (None, None)  # the plan is used once
+    plan = prop.take_verify_plan()
+    probs = _q_rows(plan, "r0", out[0])
+    assert plan.q.support.dim() == 1 and plan.q.probs.shape[1] < 151936 / 2  # compact, not [B, K, V]
+    assert float(probs[0, t_a]) > 0.99
+    assert float(probs[1].sum()) < 1e-6  # q_in: the absent token's mass is not renormalized away
+    # reordered and grown by verification time
+    block = plan.layout(["r1", "r0", "r2"], [2, 2, 0], 2, torch.device("cpu"))
+    assert block.force_reject.tolist() == [[False, True], [False, True], [False, False]] and block.fuzzy is None
+    assert block.sampled == [0, 1]
+    assert prop.take_verify_plan() is None  # the plan is handed over once
 
 
 def test_tli_never_drafts_the_absent_token(monkeypatch, bridge, smollm2, qwen05) -> None:
@@ -134,7 +148,8 @@ def test_tli_never_drafts_the_absent_token(monkeypatch, bridge, smollm2, qwen05)
     out = _propose(prop, qwen05, 1)
     assert len(out[0]) == K  # the absent token is masked out, drafting goes on
     assert set(out[0]) <= set(bridge.intersection.shared_target_ids.tolist())
-    assert prop.verify_inputs(1, K) == (None, None)
+    block = prop.take_verify_plan().layout(["r0"], [K], K, torch.device("cpu"))
+    assert block.force_reject is None and block.fuzzy is None and block.q.index.tolist() == [list(range(K))]
 
 
 def test_fsd_threshold_per_request(monkeypatch, bridge, smollm2, qwen05) -> None:
@@ -146,8 +161,9 @@ def test_fsd_threshold_per_request(monkeypatch, bridge, smollm2, qwen05) -> None
     }
     _attach(prop, requests, ["default", "loose"])
     _propose(prop, qwen05, 2)
-    force, fuzzy = prop.verify_inputs(2, K)
-    assert force is None
+    block = prop.take_verify_plan().layout(["default", "loose"], [K, K], K, torch.device("cpu"))
+    assert block.force_reject is None
+    fuzzy = block.fuzzy
     assert fuzzy.threshold.tolist() == pytest.approx([0.05, 0.4])
     assert (fuzzy.divergence, fuzzy.topk) == ("js", 10)
 
@@ -181,15 +197,15 @@ def test_slrs_mixed_batch(monkeypatch, bridge, smollm2, qwen05) -> None:
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "slrs", [a] * 12)
     _attach(prop, {"s": SamplingParams(temperature=1.0, seed=3), "g": SamplingParams(temperature=0.0)}, ["s", "g"])
     out = _propose(prop, qwen05, 2)
-    probs = prop.take_last_draft_probs()
+    plan = prop.take_verify_plan()
     assert prop.stats.slrs_nodes > 0 and prop.stats.slrs_uncovered == 0
     first = out[0][0]
-    assert abs(float(probs[0, 0].sum()) - 1) < 1e-5 and float(probs[0, 0, first]) > 0
+    assert plan.q_index["s"][0] == 0 and set(plan.q_index["s"][1:]) <= {-1}  # one row: the first token's
+    assert "g" in plan.greedy and "s" not in plan.greedy
+    probs = _q_rows(plan, "s", out[0])
+    assert abs(float(probs[0].sum()) - 1) < 1e-5 and float(probs[0, first]) > 0
     assert bridge.target_bytes[first] == bridge.draft_bytes[a]  # the drafter's string starts with it
-    for row in range(2):
-        for j in range(1 if row == 0 else 0, len(out[row])):
-            assert float(probs[row, j, out[row][j]]) == 1.0  # one-hot after the first token
-    assert len(out[1]) > 0
+    assert len(out[1]) > 0 and set(plan.q_index.get("g", [-1])) == {-1}
 
 
 def test_slrs_without_budget_drafts_as_slem(monkeypatch, bridge, smollm2, qwen05) -> None:
@@ -201,8 +217,8 @@ def test_slrs_without_budget_drafts_as_slem(monkeypatch, bridge, smollm2, qwen05
     out = _propose(prop, qwen05, 1)
     assert prop.stats.slrs_uncovered == 1 and prop.stats.slrs_capped >= 1
     assert len(out[0]) > 0
-    probs = prop.take_last_draft_probs()
-    assert all(float(probs[0, j, t]) == 1.0 for j, t in enumerate(out[0]))
+    plan = prop.take_verify_plan()
+    assert plan.q is None  # every proposal one-hot
 
 
 def test_drafting_never_touches_the_global_rng(monkeypatch, bridge, smollm2, qwen05) -> None:

@@ -142,7 +142,7 @@ def draft_token_level(pair: Pair, algorithm: str, sampling: Sampling) -> Block:
         step = draft_step(pair.draft_logits[ctx], rows, pair.inter, algorithm)
         ids.append(step.target_ids)
         absent.append(step.absent)
-        q.append(step.target_q)
+        q.append(step.target_q(pair.inter.target_vocab_size))
         ctx = step.ids
     absent_t = torch.stack(absent, 1)
     # The proposer stops drafting a request after its first absent token.
@@ -363,7 +363,7 @@ def test_tli_accepts_at_least_as_often_as_union(temperature: float) -> None:
     logits = torch.randn(m, len(DRAFT), generator=g) * 2
     p = torch.softmax(torch.randn(m, len(TARGET), generator=g) * 2, -1)
     rows = sampling.rows(m)
-    alpha = {a: torch.minimum(p, draft_step(logits, rows, pair.inter, a).target_q).sum(-1) for a in ("tli", "union")}
+    alpha = {a: torch.minimum(p, draft_step(logits, rows, pair.inter, a).target_q(pair.inter.target_vocab_size)).sum(-1) for a in ("tli", "union")}
     assert bool((alpha["tli"] >= alpha["union"] - 1e-6).all())
     assert float((alpha["tli"] - alpha["union"]).mean()) > 0.01
 

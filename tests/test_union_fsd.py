@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from _sampler_inputs import sampling_metadata, spec_metadata
 
 import vllm_hetero_spec
 from vllm_hetero_spec.config import HeteroConfigError, parse_settings, request_fsd_threshold
@@ -141,7 +142,7 @@ def test_union_drafts_absent_tokens_with_unnormalized_q() -> None:
     absent = torch.isin(step.ids, torch.tensor([2, 3]))
     assert torch.equal(step.absent, absent)
     assert bool((step.target_ids[absent] == ABSENT_PLACEHOLDER).all())
-    assert torch.allclose(step.target_q[0], torch.tensor([0.2, 0.35, 0.0]))  # the two "a" ids add up
+    assert torch.allclose(step.target_q(3)[0], torch.tensor([0.2, 0.35, 0.0]))  # the two "a" ids add up
     assert 0.4 < float(absent.float().mean()) < 0.5
 
 
@@ -151,7 +152,7 @@ def test_tli_and_fsd_draft_only_shared_tokens() -> None:
     for algorithm in ("tli", "fsd"):
         step = draft_step(logits, _rows(5000), inter, algorithm)
         assert not bool(step.absent.any())
-        assert torch.allclose(step.target_q.sum(-1), torch.ones(5000))
+        assert torch.allclose(step.target_q(3).sum(-1), torch.ones(5000))
     with pytest.raises(ValueError, match="token-level"):
         draft_step(logits, _rows(5000), inter, "slem")
 
@@ -166,10 +167,10 @@ def test_greedy_fsd_compares_the_models_untempered_distributions() -> None:
     fsd = draft_step(logits, greedy, inter, "fsd")
     tli = draft_step(logits, greedy, inter, "tli")
     assert fsd.ids.tolist() == tli.ids.tolist() == [1]  # "b", the argmax
-    assert torch.allclose(fsd.target_q[0], torch.tensor([0.5, 0.2, 0.0]) / 0.7)
-    assert tli.target_q[0].tolist() == [1.0, 0.0, 0.0]
+    assert torch.allclose(fsd.target_q(3)[0], torch.tensor([0.5, 0.2, 0.0]) / 0.7)
+    assert tli.target_q(3)[0].tolist() == [1.0, 0.0, 0.0]
     p = torch.tensor([[[0.45, 0.55, 0.0]]])  # the target prefers "a" but is close to q
-    args = (torch.ones(1, dtype=torch.long), p, fsd.target_q.unsqueeze(1), torch.tensor([2]),
+    args = (torch.ones(1, dtype=torch.long), p, fsd.target_q(3).unsqueeze(1), torch.tensor([2]),
             torch.ones(1, dtype=torch.bool), torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, 3))
     draft = fsd.target_ids.unsqueeze(1)
     assert verify_block(draft, *args, fuzzy=FuzzyAcceptance(torch.tensor([0.05]), "js"))[0, 0] == 0
@@ -180,12 +181,21 @@ def test_greedy_fsd_compares_the_models_untempered_distributions() -> None:
 
 
 def test_plan_follows_the_verify_time_batch_order() -> None:
-    plan = VerifyPlan({"b": [False, True, False]}, {"a": 0.2, "b": 0.0}, divergence="kl", topk=4)
-    force, fuzzy = plan.block(["c", "b", "a"], 2)
-    assert force.tolist() == [[False, False], [False, True], [False, False]]
-    assert fuzzy.threshold.tolist() == [0.0, 0.0, 0.2]  # an unknown request verifies losslessly
-    assert (fuzzy.divergence, fuzzy.topk) == ("kl", 4)
-    assert VerifyPlan().block(["a"], 2) == (None, None)
+    plan = VerifyPlan(None, {}, {"a"}, {"b": [False, True, False]}, {"a": 0.2, "b": 0.0}, divergence="kl", topk=4)
+    cpu = torch.device("cpu")
+    block = plan.layout(["c", "b", "a"], [2, 2, 1], 2, cpu)
+    assert block.force_reject.tolist() == [[False, False], [False, True], [False, False]]
+    assert block.fuzzy is None  # no q rows, nothing to compare
+    assert block.sampled == [0, 1]  # "a" is greedy: no random draws for it
+    from vllm_hetero_spec.verify.draft_probs import DraftProbs
+
+    plan.q, plan.q_index = DraftProbs(torch.ones(2, 3) / 3, torch.arange(3)), {"a": [1], "b": [-1, 0]}
+    block = plan.layout(["c", "b", "a"], [2, 2, 1], 2, cpu)
+    assert block.q.index.tolist() == [[-1, -1], [-1, 0], [1, -1]]
+    assert block.fuzzy.threshold.tolist() == [0.0, 0.0, 0.2]  # an unknown request verifies losslessly
+    assert (block.fuzzy.divergence, block.fuzzy.topk) == ("kl", 4)
+    empty = VerifyPlan().layout(["a"], [2], 2, cpu)
+    assert (empty.q, empty.force_reject, empty.fuzzy, empty.sampled) == (None, None, None, [0])
 
 
 # -- configuration ------------------------------------------------------------------------
@@ -244,41 +254,13 @@ def test_bad_fsd_config_names_key_and_fix(draft_folder: str, override: dict, key
 # -- the sampler's plumbing ---------------------------------------------------------------
 
 
-def _spec_metadata(drafts: list[list[int]]):
-    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
-
-    counts = [len(d) for d in drafts]
-    target_idx, bonus_idx, offset = [], [], 0
-    for n in counts:
-        target_idx += range(offset, offset + n)
-        bonus_idx.append(offset + n)
-        offset += n + 1
-    i32 = torch.int32
-    return SpecDecodeMetadata(
-        torch.tensor(sum(drafts, []), dtype=i32), counts, torch.tensor(counts).cumsum(0).to(i32),
-        (torch.tensor(counts) + 1).cumsum(0).to(i32), torch.tensor(target_idx, dtype=i32),
-        torch.tensor(bonus_idx, dtype=i32), torch.arange(offset, dtype=i32),
-    )
-
-
-def _sampling_metadata(b: int):
-    from vllm.v1.sample.logits_processor import LogitsProcessors
-    from vllm.v1.sample.metadata import SamplingMetadata
-
-    zeros = torch.zeros(b)
-    return SamplingMetadata(
-        temperature=torch.ones(b), all_greedy=False, all_random=True, top_p=None, top_k=None, generators={},
-        max_num_logprobs=None, no_penalties=True, prompt_token_ids=None, frequency_penalties=zeros,
-        presence_penalties=zeros, repetition_penalties=torch.ones(b), output_token_ids=[[] for _ in range(b)],
-        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors(),
-    )
-
-
 def test_sampler_applies_the_proposers_plan() -> None:
     """Through vLLM's sampler path: row 0's forced rejection and row 2's threshold reach
-    the rule for the right rows; without draft probabilities the plan is not asked for."""
+    the rule for the right rows (the plan is keyed by request id, the batch reordered);
+    the plan is used once."""
     from vllm.v1.sample.sampler import Sampler
 
+    from vllm_hetero_spec.verify.draft_probs import DraftProbs
     from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
 
     vllm_hetero_spec.register()  # the CPU build needs the patched expand kernel
@@ -289,18 +271,15 @@ def test_sampler_applies_the_proposers_plan() -> None:
         logits[3 * r, 1] = logits[3 * r + 1, 2] = logits[3 * r + 2, 3] = 30.0
     logits[6:, 0] = 30.0  # row 2: the target is sure of 0; the drafts (3) have p ~ 0
     logits[6:, 3] = 20.0  # ... but p(3) > 0, so a fuzzy acceptance is allowed
-    q = torch.full((6, v), 0.25)
-    q[4:] = torch.tensor([0.0, 0.0, 0.0, 1.0])
-    calls = []
-
-    def verify_inputs(b: int, k: int):
-        calls.append((b, k))
-        force = torch.tensor([[False, True], [False, False], [False, False]])
-        return force, FuzzyAcceptance(torch.tensor([0.0, 0.0, 10.0]), "js")
-
-    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), verify_inputs=verify_inputs)
-    out = sampler(_spec_metadata(drafts), q, logits, _sampling_metadata(3)).sampled_token_ids
-    assert calls == [(3, 2)]
+    q = DraftProbs(torch.tensor([[0.25] * 4] * 4 + [[0.0, 0.0, 0.0, 1.0]] * 2), torch.arange(v))
+    plan = VerifyPlan(
+        q, {"c": [4, 5], "a": [0, 1], "b": [2, 3]}, set(), {"a": [False, True]}, {"c": 10.0, "a": 0.0}, "js"
+    )
+    batch = ["a", "b", "c"]
+    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_req_ids=lambda: batch)
+    sampler.plan = plan
+    out = sampler(spec_metadata(drafts), None, logits, sampling_metadata(3)).sampled_token_ids
     assert out.tolist() == [[1, 2, PLACEHOLDER], [1, 2, 3], [3, 3, 0]]
-    sampler(_spec_metadata(drafts), None, logits, _sampling_metadata(3))
-    assert calls == [(3, 2)]
+    assert sampler.plan is None
+    out = sampler(spec_metadata(drafts), None, logits, sampling_metadata(3)).sampled_token_ids
+    assert out.tolist()[0] == [1, 2, 3] and out.tolist()[2][0] == 0  # no plan: plain one-hot verification

@@ -4,10 +4,10 @@ vLLM calls :meth:`HeteroProposer.propose` after each verification step with the 
 its persistent batch. We read what the drafter needs from the runner (committed tokens,
 sampling settings), hand it to the configured executor -- the drafting engine in this
 process, or a Ray actor on CPU cores (``drafter/executors.py``) -- and lay its answer
-out the way vLLM and our rejection sampler read it: the proposals, the draft
-probabilities block, and a :class:`VerifyPlan` (``union``'s forced rejections,
-``fsd``'s per-request thresholds) that the sampler collects through
-:meth:`HeteroProposer.verify_inputs`.
+out the way vLLM and our rejection sampler read it: the proposals for vLLM, and one
+:class:`VerifyPlan` per step for the sampler (q in compact form, which requests are
+greedy, ``union``'s forced rejections, ``fsd``'s thresholds), which the runner's propose
+hook hands over (:meth:`HeteroProposer.take_verify_plan`).
 
 With a tensor-parallel target every rank drafts in process, with a whole (replicated)
 drafter of its own: a small draft model gains nothing from per-layer all-reduces, and
@@ -24,16 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 
 from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings, request_fsd_threshold
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.executors import DraftExecutor, make_executor
+from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
 from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.verify.plan import VerifyPlan
-from vllm_hetero_spec.verify.rules import FuzzyAcceptance
 
 logger = init_logger(__name__)
 
@@ -74,7 +73,6 @@ class HeteroProposer:
             }
         )
         self.runner: Any = None
-        self._last_probs: torch.Tensor | None = None
         self._plan: VerifyPlan | None = None
         logger.info(
             "hetero spec: algorithm=%s k=%d draft=%s executor=%s",
@@ -124,21 +122,10 @@ class HeteroProposer:
         if self.executor is not None:
             self.executor.close()
 
-    def take_last_draft_probs(self) -> torch.Tensor | None:
-        probs, self._last_probs = self._last_probs, None
-        return probs
-
-    def verify_inputs(self, b: int, k: int) -> tuple[torch.Tensor | None, FuzzyAcceptance | None]:
-        """The last proposal step's forced rejections and fuzzy test, laid out for the
-        ``b`` rows being verified (the runner's batch order at verification). Called by
-        the rejection sampler once per verification; the plan is used once."""
+    def take_verify_plan(self) -> VerifyPlan | None:
+        """The last proposal step's verification inputs (handed to the sampler once)."""
         plan, self._plan = self._plan, None
-        if plan is None:
-            return None, None
-        req_ids = list(self.runner.input_batch.req_ids)
-        if len(req_ids) != b:
-            raise RuntimeError(f"hetero spec: verifying {b} rows but the batch holds {len(req_ids)} requests")
-        return plan.block(req_ids, k)
+        return plan
 
     # -- per-step work ----------------------------------------------------------------
 
@@ -198,23 +185,24 @@ class HeteroProposer:
         return out
 
     def _install(self, req_ids: list[str], rows: list[int], drafts: StepDrafts | None) -> None:
-        """Set the draft probabilities block and the verification plan for this step."""
-        self._last_probs, self._plan = None, None
+        """Set this step's verification plan, keyed by request id."""
+        self._plan = None
         if drafts is None:
             return
-        if drafts.q is not None:
-            full = torch.zeros(len(req_ids), self.k, self.target_vocab)
-            block = full.numpy()  # a view: q arrays from Ray are read-only, so no from_numpy
-            for row, q in zip(rows, drafts.q):
-                block[row, : len(q)] = q
-            self._last_probs = full
         fsd = self.settings.algorithm == "fsd"
-        plan = VerifyPlan({}, {} if fsd else None, self.settings.fsd_divergence, self.settings.fsd_topk)
+        plan = VerifyPlan(
+            drafts.q, {}, set(), {}, {} if fsd else None, self.settings.fsd_divergence, self.settings.fsd_topk
+        )
         for i, row in enumerate(rows):
+            req_id = req_ids[row]
+            if drafts.q is not None:
+                plan.q_index[req_id] = drafts.q_index[i]
+            if self._params(req_id).temperature < GREEDY_EPS:
+                plan.greedy.add(req_id)
             if i in drafts.force_reject:
-                plan.force_reject[req_ids[row]] = drafts.force_reject[i]
+                plan.force_reject[req_id] = drafts.force_reject[i]
             if fsd and drafts.fsd_threshold is not None:
-                plan.fsd_threshold[req_ids[row]] = drafts.fsd_threshold[i]
+                plan.fsd_threshold[req_id] = drafts.fsd_threshold[i]
         self._plan = plan
 
     def _publish(self) -> None:

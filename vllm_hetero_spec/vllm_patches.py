@@ -76,11 +76,12 @@ def _patch_engine_args() -> None:
 def _patch_model_runner() -> None:
     """Why: a ``custom_class`` proposer gets no request ids, cannot return draft
     probabilities and cannot choose the rejection sampler. After the runner is built we
-    hand our proposer the runner, install our rejection sampler (wired to the proposer's
-    per-request verification plan: union's forced rejections, fsd's thresholds), forward
-    its draft probabilities into the slot vLLM's own probabilistic drafters use, tell
-    it when requests finish, abort or are preempted, and let it release its executor (a
-    Ray actor and cluster) when the runner shuts down."""
+    hand our proposer the runner and install our rejection sampler; after each proposal
+    we hand the sampler the step's verification plan (compact q, greedy requests,
+    union's forced rejections, fsd's thresholds: one object, keyed by request id, instead
+    of vLLM's dense ``[B, K, V]`` draft-probabilities slot); we tell the proposer when
+    requests finish, abort or are preempted, and let it release its executor (a Ray
+    actor and cluster) when the runner shuts down."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_hetero_spec.proposer import HeteroProposer
@@ -95,7 +96,7 @@ def _patch_model_runner() -> None:
         if isinstance(drafter, HeteroProposer):
             drafter.attach_runner(self)
             self.rejection_sampler = HeteroRejectionSampler(
-                self.sampler, self.speculative_config, self.device, verify_inputs=drafter.verify_inputs
+                self.sampler, self.speculative_config, self.device, batch_req_ids=lambda: self.input_batch.req_ids
             )
 
     propose = GPUModelRunner.propose_draft_token_ids
@@ -105,10 +106,7 @@ def _patch_model_runner() -> None:
         out = propose(self, *args, **kwargs)
         drafter = getattr(self, "drafter", None)
         if isinstance(drafter, HeteroProposer):
-            probs = drafter.take_last_draft_probs()
-            if probs is not None:
-                self._draft_probs = probs
-                self._draft_prob_req_ids = list(self.input_batch.req_ids)
+            self.rejection_sampler.plan = drafter.take_verify_plan()
         return out
 
     removed = GPUModelRunner._on_request_state_removed

@@ -31,7 +31,8 @@ from vllm_hetero_spec.drafter.messages import DraftOutput, DrafterStats, Request
 from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted
 from vllm_hetero_spec.drafter.proposals import make_proposals
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
-from vllm_hetero_spec.drafter.sampling import SamplingRows
+from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows
+from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.retokenize import AlignedTokens, sync_batch
 
@@ -139,7 +140,7 @@ class DraftEngine:
         drafting = [r for r in active_ids if r not in first or first[r].continues]
         draft = self._draft(drafting, budget, stop)
         t2 = time.perf_counter()
-        out = StepDrafts([[] for _ in req_ids], None, ready=ready)
+        out = StepDrafts([[] for _ in req_ids], ready=ready)
         self.proposals.assemble(out, batch, active, drafting, draft, budget, first)
         if not speculative:
             t3 = time.perf_counter()
@@ -238,8 +239,9 @@ class DraftEngine:
     def _draft(self, req_ids: list[str], budget: int, stop: Callable[[], bool] | None = None) -> DraftOutput:
         """Run the packed draft loop: per request the proposals (draft ids for slem and
         dtw, target ids for the token-level algorithms), each token's probability under
-        the distribution it was sampled from, and for the token-level algorithms the full
-        ``[n, target_vocab]`` q rows and which proposals the target lacks (union)."""
+        the distribution it was sampled from, and for the token-level algorithms the q
+        rows verification reads (compact, on the drafter's device: see
+        ``verify/draft_probs.py``) and which proposals the target lacks (union)."""
         strategy = self.proposals
         token_level = strategy.token_level
         n_steps = strategy.draft_steps(budget)
@@ -247,11 +249,16 @@ class DraftEngine:
         proposals: list[list[int]] = [[] for _ in req_ids]
         absent: list[list[bool]] = [[] for _ in req_ids]
         token_q: list[list[float]] = [[] for _ in req_ids]
-        probs: list[list[torch.Tensor]] = [[] for _ in req_ids]
+        q_index: list[list[int]] = [[] for _ in req_ids]
+        q_parts: list[torch.Tensor] = []
+        n_q = 0
         if not req_ids:
-            return DraftOutput(drafts, token_q, [], absent)
+            return DraftOutput(drafts, token_q, absent)
         states = [self.states[r] for r in req_ids]
         rows = self.sampling_rows(req_ids)
+        # Greedy rows verify by argmax, so their q is never read (fsd's divergence
+        # excepted): decided from the host-side settings, no sync.
+        keeps_q = [t >= GREEDY_EPS or strategy.greedy_reads_q for t in rows.host[0]]
         n_draft = self.intersection.draft_to_target.numel()
         stop_prob = self.settings.draft_stop_prob
         live = list(range(len(req_ids)))
@@ -266,6 +273,12 @@ class DraftEngine:
             cols = [mapped.ids, mapped.q.gather(1, pick).squeeze(1)]
             if token_level:
                 cols += [mapped.target_ids, mapped.absent]
+                with_q = [j for j, i in enumerate(live) if keeps_q[i]]
+                if with_q:
+                    part = mapped.verify_q
+                    if len(with_q) < len(live):
+                        part = part.index_select(0, torch.tensor(with_q, device=part.device))
+                    q_parts.append(part)
             if stop_prob > 0:
                 cols.append(strategy.confidence_logits(logits).softmax(dim=-1).gather(1, pick).squeeze(1))
             # The step's one host transfer: what the bridge and the loop's control need.
@@ -279,7 +292,8 @@ class DraftEngine:
                     is_absent = bool(host[j][3])
                     proposals[i].append(int(host[j][2]))
                     absent[i].append(is_absent)
-                    probs[i].append(mapped.target_q[j])
+                    q_index[i].append(n_q if keeps_q[i] else -1)
+                    n_q += keeps_q[i]
                     if is_absent:
                         continue  # union: rejected for sure, so nothing after it can be accepted
                 if tok in self.draft_specials:
@@ -291,6 +305,7 @@ class DraftEngine:
             live = still
             if not live or step == n_steps - 1 or (stop is not None and stop()):
                 break
-        if token_level:
-            return DraftOutput(proposals, token_q, [torch.stack(p) if p else torch.empty(0) for p in probs], absent)
-        return DraftOutput(drafts, token_q, [], absent)
+        if not token_level:
+            return DraftOutput(drafts, token_q, absent)
+        q = DraftProbs(torch.cat(q_parts), self.intersection.support) if q_parts else None
+        return DraftOutput(proposals, token_q, absent, q, q_index if q is not None else [])

@@ -13,6 +13,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from vllm_hetero_spec.verify.draft_probs import DraftProbs
+
 
 @dataclass(frozen=True)
 class RequestParams:
@@ -43,26 +45,43 @@ class StepDrafts:
 
     Attributes:
         ids: target-vocabulary proposals (possibly empty).
-        q: per row ``[len(ids), target_vocab]`` float32 proposal distributions, or
-            ``None`` for the whole step when the algorithm verifies one-hot (``slem``,
-            lossless ``dtw``).
+        q: the q rows of the proposals that carry one, in compact form
+            (``verify/draft_probs.py``), or ``None`` when none does.
+        q_index: per row, per proposal, its row of ``q`` or -1: a one-hot proposal
+            (``slem``, lossless ``dtw``, ``slrs`` after its first token) or one whose q
+            verification never reads (greedy rows, except ``fsd``'s). Empty lists when
+            ``q`` is ``None``.
         force_reject: ``union``: per row with an absent proposal, which positions.
         fsd_threshold: ``fsd``: per row its tau; ``None`` for other algorithms.
         ready: per row, False when there was nothing to draft from yet.
     """
 
     ids: list[list[int]]
-    q: list[np.ndarray] | None
+    q: DraftProbs | None = None
+    q_index: list[list[int]] = field(default_factory=list)
     force_reject: dict[int, list[bool]] = field(default_factory=dict)
     fsd_threshold: list[float] | None = None
     ready: list[bool] = field(default_factory=list)
 
+    def q_rows_of(self, row: int) -> list[int]:
+        """Row ``row``'s q rows per proposal (-1: none)."""
+        return self.q_index[row] if self.q is not None else [-1] * len(self.ids[row])
+
     def select(self, rows: list[int]) -> "StepDrafts":
         """The drafts of ``rows`` only, renumbered in that order."""
         where = {r: i for i, r in enumerate(rows)}
+        q, q_index = None, []
+        if self.q is not None:
+            used = [j for r in rows for j in self.q_index[r] if j >= 0]
+            renumber = {j: n for n, j in enumerate(used)}
+            q_index = [[renumber.get(j, -1) for j in self.q_index[r]] for r in rows]
+            q = self.q.take(used) if used else None
+            if q is None:
+                q_index = []
         return StepDrafts(
             [self.ids[r] for r in rows],
-            None if self.q is None else [self.q[r] for r in rows],
+            q,
+            q_index,
             {where[r]: f for r, f in self.force_reject.items() if r in where},
             None if self.fsd_threshold is None else [self.fsd_threshold[r] for r in rows],
             [self.ready[r] for r in rows],
@@ -71,18 +90,23 @@ class StepDrafts:
     @staticmethod
     def concat(parts: list["StepDrafts"]) -> "StepDrafts":
         """Rows of ``parts`` (at least one, all from the same algorithm) one after the other."""
-        out = StepDrafts([], None if parts[0].q is None else [], {}, None, [])
+        out = StepDrafts([], None, [], {}, None, [])
         if parts[0].fsd_threshold is not None:
             out.fsd_threshold = []
+        with_q = [p.q for p in parts if p.q is not None]
+        base_q = 0
         for part in parts:
             base = len(out.ids)
             out.ids += part.ids
-            if out.q is not None:
-                out.q += part.q
+            if with_q:
+                out.q_index += [[j + base_q if j >= 0 else -1 for j in part.q_rows_of(r)] for r in range(len(part.ids))]
+                base_q += part.q.num_rows if part.q is not None else 0
             out.force_reject.update({base + r: f for r, f in part.force_reject.items()})
             if out.fsd_threshold is not None:
                 out.fsd_threshold += part.fsd_threshold
             out.ready += part.ready
+        if with_q:
+            out.q = DraftProbs.cat(with_q)
         return out
 
 
@@ -92,8 +116,9 @@ class DraftOutput:
 
     ids: list[list[int]]
     token_q: list[list[float]]
-    q_rows: list[torch.Tensor]
     absent: list[list[bool]]
+    q: DraftProbs | None = None
+    q_index: list[list[int]] = field(default_factory=list)
 
 
 class FirstToken(NamedTuple):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
 import torch
 
 from vllm_hetero_spec.alignment import dtw_align_batch
@@ -30,6 +29,7 @@ from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows, processe
 from vllm_hetero_spec.drafter.slrs import StringLevelProposer
 from vllm_hetero_spec.drafter.token_level import RESTRICTED, draft_step
 from vllm_hetero_spec.dtw import transfer_probs
+from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.vocab.retokenize import propose_continuations
 
 if TYPE_CHECKING:
@@ -40,13 +40,13 @@ class Sampled(NamedTuple):
     """One draft position for the live rows: the sampled draft ids ``[n]``, the processed
     distribution they were drawn from ``[n, draft_vocab]``, and for token-level
     algorithms their target ids ``[n]``, which are absent ``[n]`` (union) and q carried
-    onto the target vocabulary ``[n, target_vocab]``."""
+    onto the target vocabulary ``[n, S]`` on the intersection's support."""
 
     ids: torch.Tensor
     q: torch.Tensor
     target_ids: torch.Tensor | None = None
     absent: torch.Tensor | None = None
-    target_q: torch.Tensor | None = None
+    verify_q: torch.Tensor | None = None
 
 
 class StringLevel:
@@ -55,6 +55,7 @@ class StringLevel:
 
     token_level = False
     reserve_extra = 0  # KV positions beyond the draft loop's own (slrs: its first token)
+    greedy_reads_q = False  # whether verification reads q in greedy rows (fsd's divergence)
 
     def __init__(self, engine: DraftEngine):
         self.engine = engine
@@ -132,20 +133,24 @@ class DtwFaithful(StringLevel):
         first: dict[str, FirstToken],
     ) -> None:
         engine = self.engine
-        vocab = engine.target_vocab
         bodies = [[t for t in ids if t not in engine.draft_specials] for ids in draft.ids]
         proxies = [[t for t in ids if t != engine.target_eos] for ids in proposals]
         results = dtw_align_batch(
             bodies, proxies, engine.bridge.draft_encoder.packed, engine.bridge.target_encoder.packed,
             engine.settings.dtw_window,
         )
-        out.q = [np.zeros((0, vocab), np.float32) for _ in batch.req_ids]
+        out.q_index = [[-1] * len(ids) for ids in out.ids]
+        support, probs = [], []
         for n, (i, ids) in enumerate(zip(active, proposals)):
+            if batch.params[i].temperature < GREEDY_EPS:
+                continue  # verified by argmax: q is never read
             q = transfer_probs(results[n].path, draft.token_q[n], len(ids))
-            row = np.zeros((len(ids), vocab), np.float32)
-            for j, (tid, qj) in enumerate(zip(ids, q)):
-                row[j, tid] = qj
-            out.q[i] = row
+            out.q_index[i] = list(range(len(probs), len(probs) + len(ids)))
+            support += ids
+            probs += list(q)
+        if probs:
+            out.q = DraftProbs(torch.tensor(probs, dtype=torch.float32).unsqueeze(1),
+                               torch.tensor(support, dtype=torch.long).unsqueeze(1))
 
 
 class Slrs(StringLevel):
@@ -198,13 +203,14 @@ class Slrs(StringLevel):
     ) -> None:
         """q rows: psi on C at a first token drawn from it, one-hot elsewhere (slem's
         rule, exact for any proposal)."""
-        out.q = []
-        for req_id, ids in zip(batch.req_ids, out.ids):
-            rows = np.zeros((len(ids), self.engine.target_vocab), np.float32)
-            rows[np.arange(len(ids)), ids] = 1.0
+        out.q_index = [[-1] * len(ids) for ids in out.ids]
+        rows = []
+        for i, (req_id, ids) in enumerate(zip(batch.req_ids, out.ids)):
             if req_id in first and ids:
-                rows[0] = first[req_id].q.cpu().numpy()
-            out.q.append(rows)
+                out.q_index[i][0] = len(rows)
+                rows.append(first[req_id].q)
+        if rows:
+            out.q = DraftProbs.from_dense_rows(torch.stack(rows))
 
 
 class TokenLevel(StringLevel):
@@ -224,7 +230,7 @@ class TokenLevel(StringLevel):
 
     def sample(self, logits: torch.Tensor, rows: SamplingRows) -> Sampled:
         mapped = draft_step(logits, rows, self.engine.intersection, self.algorithm)
-        return Sampled(mapped.ids, mapped.q, mapped.target_ids, mapped.absent, mapped.target_q)
+        return Sampled(mapped.ids, mapped.q, mapped.target_ids, mapped.absent, mapped.verify_q)
 
     def confidence_logits(self, logits: torch.Tensor) -> torch.Tensor:
         if self.algorithm not in RESTRICTED:
@@ -235,17 +241,22 @@ class TokenLevel(StringLevel):
         self, out: StepDrafts, batch: StepBatch, active: list[int], drafting: list[str], draft: DraftOutput,
         budget: int, first: dict[str, FirstToken],
     ) -> None:
-        out.q = [np.zeros((0, self.engine.target_vocab), np.float32) for _ in batch.req_ids]
+        out.q = draft.q
+        out.q_index = [[] for _ in batch.req_ids]
         for j, i in enumerate(active):
             out.ids[i] = draft.ids[j]
-            if draft.ids[j]:
-                out.q[i] = draft.q_rows[j].cpu().numpy()
+            if draft.q is not None:
+                out.q_index[i] = draft.q_index[j]
             if any(draft.absent[j]):
                 out.force_reject[i] = draft.absent[j]
+        if out.q is None:
+            out.q_index = []
 
 
 class Fsd(TokenLevel):
     """``fsd``: drafted as ``tli``; verification also gets each request's threshold."""
+
+    greedy_reads_q = True
 
     def assemble(
         self, out: StepDrafts, batch: StepBatch, active: list[int], drafting: list[str], draft: DraftOutput,

@@ -18,7 +18,7 @@ draft distribution q. They differ only in what the drafter may sample:
   target lacks is proposed as :data:`ABSENT_PLACEHOLDER` and marked ``absent``: the
   verifier must reject it (p is 0 there in the union of the vocabularies) and emit a
   sample of normalize(max(p - q_in, 0)), where q_in is the draft mass on representable
-  tokens, not renormalized -- that is what :meth:`VocabIntersection.to_target_probs`
+  tokens, not renormalized -- that is what :meth:`VocabIntersection.to_support_probs`
   returns for an unrestricted q.
 
 The proposer and the sampler-level tests both draft through :func:`draft_step`, so the
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
+from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.vocab.intersection import VocabIntersection
 
 TOKEN_LEVEL = ("tli", "fsd", "union")
@@ -50,15 +51,23 @@ class DraftStep:
         ids: ``[n]`` sampled draft ids.
         target_ids: ``[n]`` their target ids, :data:`ABSENT_PLACEHOLDER` where absent.
         absent: ``[n]`` bool, the sampled token has no target id (``union`` only).
-        target_q: ``[n, target_vocab]`` q carried onto the target vocabulary (for greedy
-            ``fsd`` rows: the untempered model distribution, see the module docstring).
+        verify_q: ``[n, S]`` q carried onto the target vocabulary, on the intersection's
+            support (for greedy ``fsd`` rows: the untempered model distribution, see the
+            module docstring).
+        support: ``[S]`` the target ids of ``verify_q``'s columns.
     """
 
     q: torch.Tensor
     ids: torch.Tensor
     target_ids: torch.Tensor
     absent: torch.Tensor
-    target_q: torch.Tensor
+    verify_q: torch.Tensor
+    support: torch.Tensor
+
+    def target_q(self, vocab: int) -> torch.Tensor:
+        """``[n, vocab]`` the dense form of ``verify_q`` (for tests and reports)."""
+        rows = torch.arange(self.verify_q.shape[0], device=self.verify_q.device)
+        return DraftProbs(self.verify_q, self.support).dense(rows, vocab)
 
 
 def draft_step(logits: torch.Tensor, rows: SamplingRows, inter: VocabIntersection, algorithm: str) -> DraftStep:
@@ -75,4 +84,4 @@ def draft_step(logits: torch.Tensor, rows: SamplingRows, inter: VocabIntersectio
     if algorithm == "fsd" and rows.any_greedy:
         model_q = logits.float().masked_fill(inter.draft_mask.logical_not(), float("-inf")).softmax(dim=-1)
         verify_q = torch.where(rows.greedy.unsqueeze(1), model_q, q)
-    return DraftStep(q, ids, target_ids, absent, inter.to_target_probs(verify_q))
+    return DraftStep(q, ids, target_ids, absent, inter.to_support_probs(verify_q), inter.support)

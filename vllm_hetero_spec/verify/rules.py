@@ -1,4 +1,4 @@
-"""Speculative verification as pure tensor functions over a padded block of drafts.
+"""Speculative verification as pure tensor functions over a batch of drafts.
 
 Every lossless rule of this project reduces to standard speculative sampling
 (Leviathan et al.): accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the
@@ -21,7 +21,10 @@ Two extensions keep that shape:
   p(x) = 0: those are the target's hard constraints (top-k/top-p cut, banned words,
   grammar, min_tokens), which a speed/quality trade must not break.
 
-Everything here is batched: no Python loop over requests or positions.
+Everything here is batched (no Python loop over requests or positions) and reads the
+target's rows where vLLM puts them (``[T, V]``, one row per verified position) and q in
+compact form (``verify/draft_probs.py``): nothing ``[B, K, V]`` is built except for
+``fsd``'s divergence.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm_hetero_spec.verify.divergence import divergence
+from vllm_hetero_spec.verify.draft_probs import DraftProbs
 
 PLACEHOLDER = -1
 
@@ -58,6 +62,121 @@ def accepted_lengths(accept: torch.Tensor, num_draft: torch.Tensor) -> torch.Ten
     return (accept & valid).int().cumprod(dim=1).sum(dim=1)
 
 
+@dataclass(frozen=True)
+class BlockQ:
+    """The draft distributions of a verified block: ``index [B, K]`` is the row of
+    ``probs`` holding each position's q, or -1 where the proposal is one-hot (drawn
+    with certainty: ``slem``'s text, greedy rows, ``slrs``'s string-level tail)."""
+
+    probs: DraftProbs
+    index: torch.Tensor
+
+
+def verify_tokens(
+    draft_ids: torch.Tensor,
+    num_draft: torch.Tensor,
+    flat_index: torch.Tensor,
+    target_probs: torch.Tensor,
+    q: BlockQ | None,
+    bonus_ids: torch.Tensor,
+    greedy: torch.Tensor,
+    uniform: torch.Tensor,
+    race_noise: torch.Tensor,
+    noise_rows: torch.Tensor,
+    force_reject: torch.Tensor | None = None,
+    fuzzy: FuzzyAcceptance | None = None,
+) -> torch.Tensor:
+    """Verify a batch of drafts laid out as vLLM lays out the target's rows.
+
+    Args:
+        draft_ids: ``[B, K]`` target-vocabulary proposals (padding anywhere >= num_draft).
+        num_draft: ``[B]`` proposals per row (0..K).
+        flat_index: ``[B, K]`` the row of ``target_probs`` scoring each position (any
+            valid row for padding).
+        target_probs: ``[T, V]`` target distributions after temperature/top-k/top-p.
+            Greedy rows only read their argmax, so an all-greedy batch without ``fuzzy``
+            may pass logits here.
+        q: the draft distributions, or ``None`` when every proposal is one-hot.
+        bonus_ids: ``[B]`` token sampled from the target after the last draft.
+        greedy: ``[B]`` bool, rows verified by argmax equality.
+        uniform: ``[B, K]`` U(0,1) draws for the acceptance tests (read in non-greedy
+            rows only).
+        race_noise: ``[N, V]`` Exp(1) draws for sampling the residual at the rejection,
+            for the rows ``noise_rows`` ``[N]`` (every non-greedy row with drafts; the
+            other rows never sample a residual).
+        force_reject: ``[B, K]`` bool, positions rejected whatever p and q say (a union
+            draft outside the target vocabulary). A non-greedy row needs its real q
+            (``q_in``) at such a position, or its residual would be wrong.
+        fuzzy: the fsd test, applied before the standard one; needs ``q``.
+
+    Returns:
+        ``[B, K + 1]`` emitted tokens: accepted drafts, then the corrected or bonus token,
+        then ``PLACEHOLDER``.
+    """
+    if q is None and fuzzy is not None:
+        raise ValueError("fuzzy acceptance needs the draft distributions (draft_probs)")
+    b, k = draft_ids.shape
+    device = target_probs.device
+    vocab = target_probs.shape[1]
+    rows = torch.arange(b, device=device)
+    safe_ids = draft_ids.clamp(min=0).long()
+    p_x = target_probs[flat_index, safe_ids]
+    if q is None:
+        q_x = torch.ones_like(p_x)
+    else:
+        has_q = q.index >= 0
+        q_at = q.probs.at(q.index.clamp(min=0).flatten(), safe_ids.flatten()).view(b, k).to(p_x.dtype)
+        q_x = torch.where(has_q, q_at, torch.ones_like(p_x))
+    target_argmax = target_probs.argmax(dim=1)[flat_index]
+    accept = torch.where(greedy.unsqueeze(1), target_argmax == draft_ids, uniform * q_x <= p_x)
+    if fuzzy is not None:
+        tau = fuzzy.threshold.to(target_probs.dtype).unsqueeze(1)
+        q_block = _dense_q(q, safe_ids.flatten(), vocab).view(b, k, vocab).to(target_probs.dtype)
+        close = divergence(fuzzy.divergence, target_probs[flat_index], q_block, fuzzy.topk) <= tau
+        accept |= close & (tau > 0) & (p_x > 0)
+    if force_reject is not None:
+        accept &= force_reject.logical_not()
+    n_acc = accepted_lengths(accept, num_draft)
+
+    pos = n_acc.clamp(max=max(k - 1, 0))
+    if k == 0:
+        recovered = bonus_ids
+    else:
+        argmax_at = target_argmax[rows, pos]
+        recovered = argmax_at
+        if noise_rows.shape[0] > 0:
+            at = pos.index_select(0, noise_rows)
+            p_rej = target_probs.index_select(0, flat_index[noise_rows, at])
+            x_rej = safe_ids[noise_rows, at]
+            q_sel = None if q is None else BlockQ(q.probs, q.index[noise_rows, at].unsqueeze(1))
+            q_rej = _dense_q(q_sel, x_rej, vocab).to(p_rej.dtype)
+            residual = (p_rej - q_rej).clamp(min=0.0)
+            # p == q leaves no residual; rejection then has probability zero, so any
+            # fallback is unreachable in law -- use p to stay well defined.
+            empty = residual.sum(dim=1, keepdim=True) <= 0
+            residual = torch.where(empty, p_rej, residual)
+            sampled = (residual / race_noise).argmax(dim=1)
+            recovered = torch.where(greedy, argmax_at, recovered.index_copy(0, noise_rows, sampled))
+    last = torch.where(n_acc < num_draft, recovered, bonus_ids)
+
+    out = torch.full((b, k + 1), PLACEHOLDER, dtype=torch.long, device=device)
+    cols = torch.arange(k + 1, device=device).unsqueeze(0)
+    out[:, :k] = torch.where(cols[:, :k] < n_acc.unsqueeze(1), draft_ids.long(), PLACEHOLDER)
+    out[rows, n_acc] = last.long()
+    return out
+
+
+def _dense_q(q: BlockQ | None, tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[N, vocab]`` q at positions ``q.index`` (flattened to ``[N]``): the compact row
+    expanded, or one-hot at ``tokens`` ``[N]`` where a position has no row."""
+    one_hot = torch.zeros(tokens.shape[0], vocab, device=tokens.device).scatter_(1, tokens.unsqueeze(1), 1.0)
+    if q is None:
+        return one_hot
+    index = q.index.flatten()
+    dense = q.probs.dense(index.clamp(min=0), vocab).to(one_hot.dtype)
+    return torch.where((index >= 0).unsqueeze(1), dense, one_hot)
+
+
 def verify_block(
     draft_ids: torch.Tensor,
     num_draft: torch.Tensor,
@@ -70,64 +189,24 @@ def verify_block(
     force_reject: torch.Tensor | None = None,
     fuzzy: FuzzyAcceptance | None = None,
 ) -> torch.Tensor:
-    """Verify a padded block of drafts.
+    """:func:`verify_tokens` on a padded block with dense distributions (the layout of
+    the rules' statistical tests and benchmarks).
 
     Args:
-        draft_ids: ``[B, K]`` target-vocabulary proposals (padding anywhere >= num_draft).
-        num_draft: ``[B]`` proposals per row (0..K).
-        target_probs: ``[B, K, V]`` target distributions after temperature/top-k/top-p
-            (for greedy rows only their argmax matters).
-        draft_probs: ``[B, K, V]`` the exact distributions the drafts were sampled from,
-            or ``None`` for one-hot proposals (SLEM, any deterministic drafter).
-        bonus_ids: ``[B]`` token sampled from the target after the last draft.
-        greedy: ``[B]`` bool, rows verified by argmax equality.
-        uniform: ``[B, K]`` U(0,1) draws for the acceptance tests.
-        race_noise: ``[B, V]`` Exp(1) draws for sampling the residual at the rejection.
-        force_reject: ``[B, K]`` bool, positions rejected whatever p and q say (a union
-            draft outside the target vocabulary); needs ``draft_probs``.
-        fuzzy: the fsd test, applied before the standard one; needs ``draft_probs``.
-
-    Returns:
-        ``[B, K + 1]`` emitted tokens: accepted drafts, then the corrected or bonus token,
-        then ``PLACEHOLDER``.
+        target_probs: ``[B, K, V]``; draft_probs: ``[B, K, V]`` the exact distributions
+            the drafts were sampled from, or ``None`` for one-hot proposals;
+        race_noise: ``[B, V]`` (read in non-greedy rows only); the rest as in
+            :func:`verify_tokens`.
     """
     if draft_probs is None and (force_reject is not None or fuzzy is not None):
         raise ValueError("force_reject and fuzzy acceptance need the draft distributions (draft_probs)")
-    b, k = draft_ids.shape
+    b, k, vocab = target_probs.shape
     device = target_probs.device
-    rows = torch.arange(b, device=device)
-    safe_ids = draft_ids.clamp(min=0).long()
-    p_x = target_probs.gather(2, safe_ids.unsqueeze(2)).squeeze(2)
-    q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.gather(2, safe_ids.unsqueeze(2)).squeeze(2)
-    target_argmax = target_probs.argmax(dim=2)
-    accept = torch.where(greedy.unsqueeze(1), target_argmax == draft_ids, uniform * q_x <= p_x)
-    if fuzzy is not None:
-        tau = fuzzy.threshold.to(target_probs.dtype).unsqueeze(1)
-        close = divergence(fuzzy.divergence, target_probs, draft_probs, fuzzy.topk) <= tau
-        accept |= close & (tau > 0) & (p_x > 0)
-    if force_reject is not None:
-        accept &= ~force_reject
-    n_acc = accepted_lengths(accept, num_draft)
-
-    pos = n_acc.clamp(max=max(k - 1, 0))
-    if k > 0:
-        p_rej = target_probs[rows, pos]
-        if draft_probs is None:
-            residual = p_rej.scatter(1, safe_ids[rows, pos].unsqueeze(1), 0.0)
-        else:
-            residual = (p_rej - draft_probs[rows, pos]).clamp(min=0.0)
-        # p == q leaves no residual; rejection then has probability zero, so any
-        # fallback is unreachable in law -- use p to stay well defined.
-        empty = residual.sum(dim=1, keepdim=True) <= 0
-        residual = torch.where(empty, p_rej, residual)
-        recovered = (residual / race_noise).argmax(dim=1)
-        recovered = torch.where(greedy, target_argmax[rows, pos], recovered)
-    else:
-        recovered = bonus_ids
-    last = torch.where(n_acc < num_draft, recovered, bonus_ids)
-
-    out = torch.full((b, k + 1), PLACEHOLDER, dtype=torch.long, device=device)
-    cols = torch.arange(k + 1, device=device).unsqueeze(0)
-    out[:, :k] = torch.where(cols[:, :k] < n_acc.unsqueeze(1), draft_ids.long(), PLACEHOLDER)
-    out[rows, n_acc] = last.long()
-    return out
+    flat_index = torch.arange(b * k, device=device).view(b, k)
+    q = None
+    if draft_probs is not None:
+        q = BlockQ(DraftProbs(draft_probs.reshape(b * k, vocab), torch.arange(vocab, device=device)), flat_index)
+    return verify_tokens(
+        draft_ids, num_draft, flat_index, target_probs.reshape(b * k, vocab), q, bonus_ids, greedy, uniform,
+        race_noise, torch.arange(b, device=device), force_reject, fuzzy,
+    )

@@ -2,15 +2,21 @@
 
 It keeps vLLM's own handling of everything around verification (bonus sampling, logits
 processors, penalties, temperature/top-k/top-p, logprobs) and swaps the acceptance step
-for :func:`verify_block`, a pure-PyTorch rule that is identical on every platform. This
+for :func:`verify_tokens`, a pure-PyTorch rule that is identical on every platform. This
 also sidesteps the CPU build's broken ``expand`` kernel path for the acceptance itself.
-``union``'s forced rejections and ``fsd``'s fuzzy test come from the proposer through
-``verify_inputs`` (see ``verify/plan.py``), laid out for the batch being verified.
+
+Its inputs from drafting arrive as one :class:`VerifyPlan` per step, handed over by the
+runner's propose hook (``vllm_patches.py``): q in compact form, forced rejections, fsd
+thresholds, and which requests are greedy. vLLM's dense draft-probabilities slot is not
+used. Everything is created on the logits' device, random draws are made only for rows
+verified stochastically, and a seeded request draws from its own generator exactly what
+vLLM's sampler draws for it (uniforms for its own draft count, then one noise row), so
+its output does not depend on the rest of the batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -21,15 +27,13 @@ from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE, RejectionSample
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
-from vllm_hetero_spec.verify.rules import FuzzyAcceptance, verify_block
-
-# (rows B, block length K) -> ([B, K] forced rejections or None, fuzzy test or None)
-VerifyInputs = Callable[[int, int], tuple[torch.Tensor | None, FuzzyAcceptance | None]]
+from vllm_hetero_spec.verify.plan import VerifyPlan
+from vllm_hetero_spec.verify.rules import verify_tokens
 
 
 def _padded_index(num_draft: list[int], k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, K]`` indices into the flat draft-token axis (clamped for padding) and the
-    ``[B]`` draft counts, to turn vLLM's flattened layout into a padded block (built on
+    ``[B]`` draft counts, to read vLLM's flattened layout as a padded block (built on
     ``device`` from the host-side counts, so no sync)."""
     counts = torch.tensor(num_draft, dtype=torch.long, device=device)
     starts = torch.cumsum(counts, 0) - counts
@@ -37,11 +41,36 @@ def _padded_index(num_draft: list[int], k: int, device: torch.device) -> tuple[t
     return idx.clamp(max=max(sum(num_draft) - 1, 0)), counts
 
 
-class HeteroRejectionSampler(RejectionSampler):
-    """vLLM ``RejectionSampler`` whose acceptance step is :func:`verify_block`.
+def _random_draws(
+    sampled: list[int], num_draft: list[int], k: int, vocab: int, generators: dict[int, torch.Generator],
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Uniforms ``[B, K]`` (zero outside ``sampled``), race noise ``[N, V]`` and the rows
+    ``[N]`` it belongs to: unseeded rows from the global stream in one draw, then each
+    seeded row from its generator, in vLLM's order (its uniforms, then its noise row)."""
+    b = len(num_draft)
+    unseeded = [r for r in sampled if r not in generators]
+    seeded = [r for r in sampled if r in generators]
+    uniform = torch.zeros(b, k, dtype=torch.float64, device=device)
+    if unseeded:
+        rows = torch.tensor(unseeded, dtype=torch.long, device=device)
+        uniform.index_copy_(0, rows, torch.rand(len(unseeded), k, dtype=torch.float64, device=device))
+    noise = torch.empty(len(sampled), vocab, dtype=torch.float32, device=device)
+    noise[: len(unseeded)].exponential_()
+    for r in seeded:
+        uniform[r, : num_draft[r]].uniform_(generator=generators[r])
+    for j, r in enumerate(seeded):
+        noise[len(unseeded) + j].exponential_(generator=generators[r])
+    noise_rows = torch.tensor(unseeded + seeded, dtype=torch.long, device=device)
+    return uniform, noise, noise_rows
 
-    ``verify_inputs`` (the proposer's) is called once per verification and yields the
-    step's forced rejections and fuzzy test; ``None`` means neither is ever used.
+
+class HeteroRejectionSampler(RejectionSampler):
+    """vLLM ``RejectionSampler`` whose acceptance step is :func:`verify_tokens`.
+
+    ``batch_req_ids`` returns the request ids of the rows being verified (the runner's
+    batch order at verification); :attr:`plan` is set before each verification and
+    used once.
     """
 
     def __init__(
@@ -49,10 +78,11 @@ class HeteroRejectionSampler(RejectionSampler):
         sampler: Sampler,
         spec_config: SpeculativeConfig | None = None,
         device: torch.device | None = None,
-        verify_inputs: VerifyInputs | None = None,
+        batch_req_ids: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         super().__init__(sampler, spec_config, device)
-        self.verify_inputs = verify_inputs
+        self.batch_req_ids = batch_req_ids
+        self.plan: VerifyPlan | None = None
 
     def forward(
         self,
@@ -61,6 +91,7 @@ class HeteroRejectionSampler(RejectionSampler):
         logits: torch.Tensor,
         sampling_metadata: SamplingMetadata,
     ) -> SamplerOutput:
+        plan, self.plan = self.plan or VerifyPlan(), None
         bonus_logits = logits[metadata.bonus_logits_indices]
         bonus_out = self.sampler(
             logits=bonus_logits,
@@ -75,34 +106,30 @@ class HeteroRejectionSampler(RejectionSampler):
         target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)
         target_logits = apply_sampling_constraints(target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
 
-        b = len(metadata.num_draft_tokens)
-        k = metadata.max_spec_len
+        num_draft = list(metadata.num_draft_tokens)
+        b, k, vocab = len(num_draft), metadata.max_spec_len, target_logits.shape[-1]
         device = target_logits.device
-        idx, counts = _padded_index(metadata.num_draft_tokens, k, device)
-        target_probs = target_logits.softmax(dim=-1)[idx]
-        draft_block = None if draft_probs is None else draft_probs.to(torch.float32)[idx]
-        draft_ids = metadata.draft_token_ids.long()[idx]
+        flat_index, counts = _padded_index(num_draft, k, device)
+        draft_ids = metadata.draft_token_ids.long()[flat_index]
+        req_ids = self.batch_req_ids() if self.batch_req_ids is not None else [""] * b
+        if len(req_ids) != b:
+            raise RuntimeError(f"hetero spec: verifying {b} rows but the batch holds {len(req_ids)} requests")
+        block = plan.layout(req_ids, num_draft, k, device)
+        sampled = [] if sampling_metadata.all_greedy else block.sampled
 
         if sampling_metadata.all_greedy or sampling_metadata.temperature is None:
             greedy = torch.ones(b, dtype=torch.bool, device=device)
         else:
             greedy = sampling_metadata.temperature == GREEDY_TEMPERATURE
-        uniform = torch.rand(b, k, dtype=torch.float64, device=device)
-        noise = torch.empty(b, target_probs.shape[-1], device=device).exponential_()
-        for row, gen in sampling_metadata.generators.items():
-            if metadata.num_draft_tokens[row] > 0:
-                uniform[row].uniform_(generator=gen)
-                noise[row].exponential_(generator=gen)
-
-        force_reject = fuzzy = None
-        # Without draft probabilities (vLLM matched none to some request) verification
-        # is one-hot, which is lossless for any proposal, union's placeholders included.
-        if draft_block is not None and self.verify_inputs is not None:
-            force_reject, fuzzy = self.verify_inputs(b, k)
-        out = verify_block(
-            draft_ids, counts, target_probs, draft_block, bonus_ids, greedy, uniform, noise, force_reject, fuzzy
+        uniform, noise, noise_rows = _random_draws(sampled, num_draft, k, vocab, sampling_metadata.generators, device)
+        # Greedy rows read only the argmax, which softmax keeps: skip it when no row
+        # needs probabilities.
+        target_probs = target_logits if not sampled and block.fuzzy is None else target_logits.softmax(dim=-1)
+        out = verify_tokens(
+            draft_ids, counts, flat_index, target_probs, block.q, bonus_ids, greedy, uniform, noise, noise_rows,
+            block.force_reject, block.fuzzy,
         )
-        output_token_ids = out.to(torch.int32).to(logits.device)
+        output_token_ids = out.to(torch.int32)
 
         logprobs_tensors = None
         if sampling_metadata.max_num_logprobs is not None:

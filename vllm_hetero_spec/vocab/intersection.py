@@ -23,12 +23,17 @@ class VocabIntersection:
             the draft token's bytes are not a single target token.
         draft_mask: ``[draft_vocab]`` bool, True where ``draft_to_target >= 0``.
         shared_draft_ids / shared_target_ids: the pairs, aligned, for scatter/gather.
+        support: ``[S]`` the distinct shared target ids, sorted: where a q carried onto
+            the target vocabulary can be nonzero (``verify/draft_probs.py``).
+        support_col: ``[len(shared_draft_ids)]`` each pair's column in ``support``.
     """
 
     draft_to_target: torch.Tensor
     draft_mask: torch.Tensor
     shared_draft_ids: torch.Tensor
     shared_target_ids: torch.Tensor
+    support: torch.Tensor
+    support_col: torch.Tensor
     target_vocab_size: int
 
     def to(self, device: torch.device) -> "VocabIntersection":
@@ -39,6 +44,8 @@ class VocabIntersection:
             draft_mask=self.draft_mask.to(device),
             shared_draft_ids=self.shared_draft_ids.to(device),
             shared_target_ids=self.shared_target_ids.to(device),
+            support=self.support.to(device),
+            support_col=self.support_col.to(device),
         )
 
     @property
@@ -64,11 +71,14 @@ class VocabIntersection:
                     d2t[did] = tid
         mask = d2t >= 0
         shared_draft = torch.nonzero(mask).flatten()
-        return cls(d2t, mask, shared_draft, d2t[shared_draft], len(target_bytes))
+        shared_target = d2t[shared_draft]
+        support, support_col = torch.unique(shared_target, sorted=True, return_inverse=True)
+        return cls(d2t, mask, shared_draft, shared_target, support, support_col, len(target_bytes))
 
-    def to_target_probs(self, draft_probs: torch.Tensor) -> torch.Tensor:
-        """Carry ``[..., draft_vocab]`` probabilities onto ``[..., target_vocab]``: the
-        probability of proposing each target token.
+    def to_support_probs(self, draft_probs: torch.Tensor) -> torch.Tensor:
+        """Carry ``[..., draft_vocab]`` probabilities onto ``[..., S]``, the probability
+        of proposing each target token of :attr:`support` (zero elsewhere in the target
+        vocabulary).
 
         Mass on non-shared draft ids is dropped, not renormalized: for a distribution
         restricted to the intersection (tli) nothing is lost; for an unrestricted one
@@ -76,5 +86,5 @@ class VocabIntersection:
         the q that union's verification needs. Draft ids with the same bytes (rare
         duplicated added tokens) map to one target id and their mass adds up.
         """
-        out = draft_probs.new_zeros(*draft_probs.shape[:-1], self.target_vocab_size)
-        return out.index_add_(-1, self.shared_target_ids, draft_probs.index_select(-1, self.shared_draft_ids))
+        out = draft_probs.new_zeros(*draft_probs.shape[:-1], self.support.shape[0])
+        return out.index_add_(-1, self.support_col, draft_probs.index_select(-1, self.shared_draft_ids))
