@@ -84,3 +84,71 @@ def test_sampling_rows_flags_come_from_the_host() -> None:
     assert rows.any_greedy and rows.any_filter and not rows.all_greedy
     greedy = SamplingRows.build([0.0, 0.0], [0, 0], [1.0, 1.0], [None, None], torch.device("cpu"))
     assert greedy.all_greedy and not greedy.any_filter
+
+
+def _fake_plan(device: torch.device, vocab: int) -> "VerifyPlan":
+    """A plan with compact q rows (one shared support, one per-row), a forced
+    rejection and fsd thresholds, on ``device``."""
+    from vllm_hetero_spec.verify.draft_probs import DraftProbs
+    from vllm_hetero_spec.verify.plan import VerifyPlan
+
+    support = torch.arange(0, vocab, 2, device=device)
+    q = DraftProbs(torch.rand(5, support.shape[0], device=device), support)
+    return VerifyPlan(
+        q, {"a": [0, 1], "b": [2, -1], "c": [3, 4]}, {"b"}, {"c": [False, True]}, {"a": 0.1, "c": 0.0}, "js"
+    )
+
+
+class _BonusArgmax(torch.nn.Module):
+    """Stands in for vLLM's bonus-token ``Sampler``, which is vLLM's code and, in the
+    CPU build, calls custom ops (``_C::greedy_argmax``) that have no fake kernels."""
+
+    logprobs_mode = "raw_logprobs"
+
+    def forward(self, logits: torch.Tensor, sampling_metadata, **_) -> "SamplerOutput":
+        from vllm.v1.outputs import SamplerOutput
+
+        return SamplerOutput(sampled_token_ids=logits.argmax(-1, keepdim=True).int(), logprobs_tensors=None)
+
+
+@pytest.mark.parametrize("temperatures", [[1.0, 0.0, 0.7], [0.0, 0.0, 0.0]], ids=["mixed", "greedy"])
+def test_sampler_adapter_stays_on_device(temperatures: list[float]) -> None:
+    """HeteroRejectionSampler.forward on a fake cuda device, through vLLM's own logits
+    processors and temperature: every tensor it makes lives on the logits' device, and
+    nothing reads a device value back. (vLLM's top-k/top-p fallback without Triton uses
+    Python indexing, which fake tensors cannot run on a "cuda" device; on CUDA vLLM
+    runs its Triton kernel there. That path is vLLM's, not ours.)"""
+    from _sampler_inputs import sampling_metadata, spec_metadata
+
+    import vllm_hetero_spec
+    from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
+
+    vllm_hetero_spec.register()
+    vocab, drafts = 64, [[1, 2], [3, 4], [5, 6]]
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        logits = torch.randn(9, vocab, device=CUDA)
+        sampler = HeteroRejectionSampler(_BonusArgmax(), None, CUDA, batch_req_ids=lambda: ["a", "b", "c"])
+        sampler.plan = _fake_plan(CUDA, vocab)
+        meta = sampling_metadata(3, temperatures, device=CUDA)
+        out = sampler(spec_metadata(drafts, CUDA), None, logits, meta).sampled_token_ids
+        assert out.device.type == "cuda" and out.shape == (3, 3)
+
+
+def test_verify_tokens_stays_on_device() -> None:
+    """The rule itself with every extension on (compact q, forced rejections, fuzzy
+    acceptance, residual sampling for some rows)."""
+    from vllm_hetero_spec.verify.rules import verify_tokens
+
+    vocab = 64
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        probs = torch.rand(6, vocab, device=CUDA).softmax(-1)
+        block = _fake_plan(CUDA, vocab).layout(["a", "b", "c"], [2, 2, 2], 2, probs.device)  # the logits' device
+        flat = torch.arange(6, device=CUDA).view(3, 2)
+        ids = torch.randint(0, vocab, (3, 2), device=CUDA)
+        noise_rows = torch.tensor(block.sampled, device=CUDA)
+        out = verify_tokens(
+            ids, torch.full((3,), 2, device=CUDA), flat, probs, block.q, torch.zeros(3, dtype=torch.long, device=CUDA),
+            torch.tensor([False, True, False], device=CUDA), torch.rand(3, 2, dtype=torch.float64, device=CUDA),
+            torch.rand(len(block.sampled), vocab, device=CUDA), noise_rows, block.force_reject, block.fuzzy,
+        )
+        assert out.device.type == "cuda" and out.shape == (3, 3)

@@ -59,7 +59,7 @@ class DraftProbs:
         if self.shared:
             col = torch.searchsorted(self.support, tokens).clamp(max=self.support.shape[0] - 1)
             hit = self.support.index_select(0, col) == tokens
-            value = self.probs[rows, col]
+            value = self.probs.reshape(-1).index_select(0, rows * self.probs.shape[1] + col)
         else:
             support = self.support.index_select(0, rows)
             col = torch.searchsorted(support, tokens.unsqueeze(1)).clamp(max=support.shape[1] - 1)

@@ -118,21 +118,22 @@ def verify_tokens(
     b, k = draft_ids.shape
     device = target_probs.device
     vocab = target_probs.shape[1]
-    rows = torch.arange(b, device=device)
     safe_ids = draft_ids.clamp(min=0).long()
-    p_x = target_probs[flat_index, safe_ids]
+    flat_rows = flat_index.flatten()
+    p_x = target_probs.reshape(-1).index_select(0, flat_rows * vocab + safe_ids.flatten()).view(b, k)
     if q is None:
         q_x = torch.ones_like(p_x)
     else:
         has_q = q.index >= 0
         q_at = q.probs.at(q.index.clamp(min=0).flatten(), safe_ids.flatten()).view(b, k).to(p_x.dtype)
         q_x = torch.where(has_q, q_at, torch.ones_like(p_x))
-    target_argmax = target_probs.argmax(dim=1)[flat_index]
+    target_argmax = target_probs.argmax(dim=1).index_select(0, flat_rows).view(b, k)
     accept = torch.where(greedy.unsqueeze(1), target_argmax == draft_ids, uniform * q_x <= p_x)
     if fuzzy is not None:
         tau = fuzzy.threshold.to(target_probs.dtype).unsqueeze(1)
         q_block = _dense_q(q, safe_ids.flatten(), vocab).view(b, k, vocab).to(target_probs.dtype)
-        close = divergence(fuzzy.divergence, target_probs[flat_index], q_block, fuzzy.topk) <= tau
+        p_block = target_probs.index_select(0, flat_rows).view(b, k, vocab)
+        close = divergence(fuzzy.divergence, p_block, q_block, fuzzy.topk) <= tau
         accept |= close & (tau > 0) & (p_x > 0)
     if force_reject is not None:
         accept &= force_reject.logical_not()
@@ -142,13 +143,13 @@ def verify_tokens(
     if k == 0:
         recovered = bonus_ids
     else:
-        argmax_at = target_argmax[rows, pos]
+        argmax_at = _at(target_argmax, pos)
         recovered = argmax_at
         if noise_rows.shape[0] > 0:
             at = pos.index_select(0, noise_rows)
-            p_rej = target_probs.index_select(0, flat_index[noise_rows, at])
-            x_rej = safe_ids[noise_rows, at]
-            q_sel = None if q is None else BlockQ(q.probs, q.index[noise_rows, at].unsqueeze(1))
+            p_rej = target_probs.index_select(0, _at(flat_index.index_select(0, noise_rows), at))
+            x_rej = _at(safe_ids.index_select(0, noise_rows), at)
+            q_sel = None if q is None else BlockQ(q.probs, _at(q.index.index_select(0, noise_rows), at).unsqueeze(1))
             q_rej = _dense_q(q_sel, x_rej, vocab).to(p_rej.dtype)
             residual = (p_rej - q_rej).clamp(min=0.0)
             # p == q leaves no residual; rejection then has probability zero, so any
@@ -159,11 +160,15 @@ def verify_tokens(
             recovered = torch.where(greedy, argmax_at, recovered.index_copy(0, noise_rows, sampled))
     last = torch.where(n_acc < num_draft, recovered, bonus_ids)
 
-    out = torch.full((b, k + 1), PLACEHOLDER, dtype=torch.long, device=device)
-    cols = torch.arange(k + 1, device=device).unsqueeze(0)
-    out[:, :k] = torch.where(cols[:, :k] < n_acc.unsqueeze(1), draft_ids.long(), PLACEHOLDER)
-    out[rows, n_acc] = last.long()
-    return out
+    cols = torch.arange(k, device=device).unsqueeze(0)
+    accepted = torch.where(cols < n_acc.unsqueeze(1), draft_ids.long(), PLACEHOLDER)
+    out = torch.cat([accepted, torch.full((b, 1), PLACEHOLDER, dtype=torch.long, device=device)], dim=1)
+    return out.scatter_(1, n_acc.unsqueeze(1), last.long().unsqueeze(1))
+
+
+def _at(x: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    """``x[r, col[r]]`` for every row r of ``[R, C]`` ``x``."""
+    return x.gather(1, col.unsqueeze(1)).squeeze(1)
 
 
 def _dense_q(q: BlockQ | None, tokens: torch.Tensor, vocab: int) -> torch.Tensor:

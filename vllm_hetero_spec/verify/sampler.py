@@ -56,11 +56,11 @@ def _random_draws(
         rows = torch.tensor(unseeded, dtype=torch.long, device=device)
         uniform.index_copy_(0, rows, torch.rand(len(unseeded), k, dtype=torch.float64, device=device))
     noise = torch.empty(len(sampled), vocab, dtype=torch.float32, device=device)
-    noise[: len(unseeded)].exponential_()
+    noise.narrow(0, 0, len(unseeded)).exponential_()
     for r in seeded:
-        uniform[r, : num_draft[r]].uniform_(generator=generators[r])
+        uniform.select(0, r).narrow(0, 0, num_draft[r]).uniform_(generator=generators[r])
     for j, r in enumerate(seeded):
-        noise[len(unseeded) + j].exponential_(generator=generators[r])
+        noise.select(0, len(unseeded) + j).exponential_(generator=generators[r])
     noise_rows = torch.tensor(unseeded + seeded, dtype=torch.long, device=device)
     return uniform, noise, noise_rows
 
@@ -92,16 +92,16 @@ class HeteroRejectionSampler(RejectionSampler):
         sampling_metadata: SamplingMetadata,
     ) -> SamplerOutput:
         plan, self.plan = self.plan or VerifyPlan(), None
-        bonus_logits = logits[metadata.bonus_logits_indices]
+        bonus_logits = logits.index_select(0, metadata.bonus_logits_indices)
         bonus_out = self.sampler(
             logits=bonus_logits,
             sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
             predict_bonus_token=True,
             logprobs_mode_override="processed_logits" if self.is_processed_logprobs_mode else "raw_logits",
         )
-        bonus_ids = bonus_out.sampled_token_ids[:, 0].long()
+        bonus_ids = bonus_out.sampled_token_ids.select(1, 0).long()
 
-        raw_target_logits = logits[metadata.target_logits_indices].to(torch.float32)
+        raw_target_logits = logits.index_select(0, metadata.target_logits_indices).to(torch.float32)
         target_logits = raw_target_logits if self.is_processed_logprobs_mode else raw_target_logits.clone()
         target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)
         target_logits = apply_sampling_constraints(target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
@@ -110,7 +110,7 @@ class HeteroRejectionSampler(RejectionSampler):
         b, k, vocab = len(num_draft), metadata.max_spec_len, target_logits.shape[-1]
         device = target_logits.device
         flat_index, counts = _padded_index(num_draft, k, device)
-        draft_ids = metadata.draft_token_ids.long()[flat_index]
+        draft_ids = metadata.draft_token_ids.long().index_select(0, flat_index.flatten()).view(b, k)
         req_ids = self.batch_req_ids() if self.batch_req_ids is not None else [""] * b
         if len(req_ids) != b:
             raise RuntimeError(f"hetero spec: verifying {b} rows but the batch holds {len(req_ids)} requests")

@@ -1,0 +1,118 @@
+"""The rejection sampler as vLLM calls it: ``HeteroRejectionSampler.forward`` with vLLM's
+spec-decode layout, vLLM's sampling constraints (temperature, top-k, top-p) applied to
+the target, vLLM's bonus sampler, and a batch mixing greedy, seeded and unseeded rows.
+
+These reach the wiring the rule-level battery does not: a sampler that skipped vLLM's
+temperature/top-k/top-p on p, or drew a seeded request's randomness from anything but
+its own generator and its own draft count, fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _sampler_inputs import sampling_metadata, spec_metadata
+from _stats import assert_follows
+from vllm.v1.sample.sampler import Sampler
+
+import vllm_hetero_spec
+from vllm_hetero_spec.verify.draft_probs import DraftProbs
+from vllm_hetero_spec.verify.plan import VerifyPlan
+from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
+
+V = 8
+LOGITS = torch.tensor([2.0, 1.4, 1.1, 0.6, 0.3, 0.0, -0.4, -1.0])  # distinct: no ties at the cut-offs
+Q = torch.tensor([0.05, 0.3, 0.1, 0.2, 0.05, 0.1, 0.1, 0.1])  # the drafter's law: far from p
+
+
+@pytest.fixture(autouse=True)
+def _plugin() -> None:
+    vllm_hetero_spec.register()  # the CPU build needs the patched expand kernel
+
+
+def processed(temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The target law vLLM samples from: softmax(logits / T), cut to the top k, then to
+    the smallest head of mass >= top_p (computed here independently of vLLM)."""
+    probs = (LOGITS / temperature).softmax(-1).double()
+    order = probs.argsort(descending=True)
+    probs[order[top_k:]] = 0.0
+    probs /= probs.sum()
+    head = probs[order].cumsum(0) - probs[order] < top_p  # the mass before each token < top_p
+    probs[order[~head]] = 0.0
+    return probs / probs.sum()
+
+
+def _verify(rows: list[dict], k: int, seed: int = 0) -> torch.Tensor:
+    """One forward over ``rows`` (each: temperature, top_k, top_p, seed or None, drafts
+    as target ids), every position scored with LOGITS, q rows = Q; returns the emitted
+    tokens ``[B, k + 1]``."""
+    torch.manual_seed(seed)
+    drafts = [r["drafts"] for r in rows]
+    n_pos = sum(len(d) + 1 for d in drafts)
+    logits = LOGITS.expand(n_pos, V).clone()
+    n_q = sum(len(d) for d in drafts)
+    plan = VerifyPlan(DraftProbs(Q.expand(n_q, V).clone(), torch.arange(V)))
+    req_ids, start = [], 0
+    for i, r in enumerate(rows):
+        req_ids.append(f"r{i}")
+        plan.q_index[f"r{i}"] = list(range(start, start + len(r["drafts"])))
+        start += len(r["drafts"])
+        if r["temperature"] == 0:
+            plan.greedy.add(f"r{i}")
+    gens = {i: torch.Generator().manual_seed(r["seed"]) for i, r in enumerate(rows) if r["seed"] is not None}
+    meta = sampling_metadata(
+        len(rows), [r["temperature"] for r in rows], top_k=[r["top_k"] for r in rows],
+        top_p=[r["top_p"] for r in rows], generators=gens,
+    )
+    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_req_ids=lambda: req_ids)
+    sampler.plan = plan
+    return sampler(spec_metadata(drafts), None, logits, meta).sampled_token_ids
+
+
+KINDS = {
+    "greedy": dict(temperature=0.0, top_k=V, top_p=1.0),
+    "seeded T=0.7 top-k 4": dict(temperature=0.7, top_k=4, top_p=1.0),
+    "unseeded T=1.3 top-p 0.8": dict(temperature=1.3, top_k=V, top_p=0.8),
+    "unseeded T=1 top-k 5 top-p 0.9": dict(temperature=1.0, top_k=5, top_p=0.9),
+}
+
+
+def test_first_token_follows_the_processed_target_in_a_mixed_batch() -> None:
+    """Drafts drawn from Q (seeded), verified in one mixed batch: every sampled row's
+    first emitted token follows the target law after vLLM's temperature, top-k and top-p;
+    every greedy row emits the argmax."""
+    n = 3000
+    gen = torch.Generator().manual_seed(11)
+    rows = []
+    for i in range(n):
+        for name, kind in KINDS.items():
+            drafts = torch.multinomial(Q, 2, replacement=True, generator=gen).tolist()
+            seed = 1000 + i if name.startswith("seeded") else None
+            rows.append(dict(kind, seed=seed, drafts=drafts, kind=name))
+    out = _verify(rows, 2, seed=5)
+    first = out[:, 0]
+    for name, kind in KINDS.items():
+        tokens = first[[j for j, r in enumerate(rows) if r["kind"] == name]]
+        if kind["temperature"] == 0:
+            assert bool((tokens == int(LOGITS.argmax())).all())
+        else:
+            assert_follows(tokens, processed(kind["temperature"], kind["top_k"], kind["top_p"]))
+
+
+def test_seeded_request_does_not_depend_on_the_batch() -> None:
+    """A seeded request draws from its own generator exactly what vLLM's sampler draws
+    for it (its own draft count of uniforms, then one noise row), so its tokens are the
+    same alone and beside requests with more drafts, unseeded draws and greedy rows."""
+    seeded = dict(KINDS["seeded T=0.7 top-k 4"], drafts=[3, 1])
+    others = [
+        dict(KINDS["unseeded T=1.3 top-p 0.8"], seed=None, drafts=[1, 3, 2, 4]),
+        dict(KINDS["greedy"], seed=None, drafts=[0, 0, 0]),
+    ]
+    outcomes = set()
+    for seed in range(40):
+        row = dict(seeded, seed=seed)
+        alone = _verify([row], 2, seed=100 + seed)[0]
+        among = _verify([others[0], row, others[1]], 4, seed=200 + seed)[1]
+        assert alone.tolist() == among[:3].tolist() and int(among[3]) == -1, seed
+        outcomes.add(tuple(alone.tolist()))
+    assert len(outcomes) > 3, "the seeded row's outcome never varied: the test would prove nothing"
