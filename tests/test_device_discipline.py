@@ -86,7 +86,7 @@ def test_sampling_rows_flags_come_from_the_host() -> None:
     assert greedy.all_greedy and not greedy.any_filter
 
 
-def _fake_plan(device: torch.device, vocab: int) -> "VerifyPlan":
+def _fake_plan(device: torch.device, vocab: int):
     """A plan with compact q rows (one shared support, one per-row), a forced
     rejection and fsd thresholds, on ``device``."""
     from vllm_hetero_spec.verify.draft_probs import DraftProbs
@@ -105,7 +105,7 @@ class _BonusArgmax(torch.nn.Module):
 
     logprobs_mode = "raw_logprobs"
 
-    def forward(self, logits: torch.Tensor, sampling_metadata, **_) -> "SamplerOutput":
+    def forward(self, logits: torch.Tensor, sampling_metadata, **_):
         from vllm.v1.outputs import SamplerOutput
 
         return SamplerOutput(sampled_token_ids=logits.argmax(-1, keepdim=True).int(), logprobs_tensors=None)
