@@ -245,3 +245,49 @@ def test_rebuilt_requests_draw_fresh_randomness(monkeypatch, bridge, smollm2, qw
     unseeded = RequestParams(1.0)
     assert stream("r0", unseeded, 10) != stream("r1", unseeded, 10)
     assert stream("r0", unseeded, 10) == stream("r0", unseeded, 10)  # the same on every rank
+
+
+class SpreadRuntime(ScriptedRuntime):
+    """Every evaluation spreads its mass over the same few draft tokens (``weights``):
+    psi then has several candidates with distinct masses."""
+
+    weights: dict[int, float] = {}
+
+    def _logits(self, n: int) -> torch.Tensor:
+        logits = torch.full((n, self.vocab_size), -30.0)
+        for tok, w in self.weights.items():
+            logits[:, tok] = w
+        return logits
+
+    def forward(self, caches: list[PagedCache], new_tokens: list[list[int]]) -> torch.Tensor:
+        for cache, toks in zip(caches, new_tokens):
+            cache.advance(len(toks))
+        return self._logits(len(caches))
+
+    def grow_trees(self, caches, trees, parents, tokens) -> list[torch.Tensor]:
+        return [self._logits(len(toks)) for toks in tokens]
+
+
+def test_slrs_first_token_is_drawn_from_the_q_it_hands_over(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """Through the engine's own draw and q construction (not a re-draw here): over many
+    seeded requests in one step, the first proposals follow the q row each request's
+    plan carries for it, and that row has several candidates."""
+    from _stats import assert_follows
+
+    shared = bridge.intersection.shared_draft_ids.tolist()
+    spread = {shared[700]: 2.0, shared[900]: 1.4, shared[1100]: 1.0, _with_extensions(bridge): 1.7}
+    monkeypatch.setattr(SpreadRuntime, "weights", spread)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "slrs", [0], slrs_max_nodes=8)
+    monkeypatch.setattr(prop.executor.engine, "runtime", SpreadRuntime(None))
+    n = 800
+    requests = {f"r{i}": SamplingParams(temperature=1.0, seed=i) for i in range(n)}
+    _attach(prop, requests, list(requests))
+    out = _propose(prop, qwen05, n)
+    plan = prop.take_verify_plan()
+    first_rows = torch.tensor([plan.q_index[f"r{i}"][0] for i in range(n)])
+    probs, support = plan.q.probs[first_rows], plan.q.support[first_rows]
+    assert torch.equal(support, support[:1].expand(n, -1)) and torch.allclose(probs, probs[:1].expand(n, -1))
+    law, ids = probs[0][probs[0] > 0], support[0][probs[0] > 0]  # one context: one law
+    assert len(ids) >= 3
+    index = {int(t): j for j, t in enumerate(ids)}
+    assert_follows(torch.tensor([index[o[0]] for o in out]), law.double())

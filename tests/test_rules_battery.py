@@ -224,7 +224,7 @@ def draft_slrs(pair: Pair, sampling: Sampling) -> Block:
         MarkovDrafter(pair.draft_logits), [PagedCache(BlockPool(64, 32, 0))],
         pair.draft_logits[pair.start_d].unsqueeze(0), sampling.rows(1),
     )
-    q0 = first.q_rows[0]
+    q0 = first.q_rows[0].dense(torch.tensor([0]), len(pair.target))[0]
     assert q0 is not None and 0 < int((q0 > 0).sum()) < len(pair.target), "psi covers a strict subset here"
     t1 = torch.multinomial(q0, N, replacement=True)
     spelled = [proposer.draft.segment(s.encode()) for s in pair.target]

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 
@@ -127,7 +126,7 @@ class FirstToken(NamedTuple):
     the draft vocabulary cannot spell)."""
 
     target_id: int
-    q: torch.Tensor
+    q: DraftProbs
     continues: bool
 
 

@@ -210,7 +210,7 @@ class Slrs(StringLevel):
                 out.q_index[i][0] = len(rows)
                 rows.append(first[req_id].q)
         if rows:
-            out.q = DraftProbs.from_dense_rows(torch.stack(rows))
+            out.q = DraftProbs.cat(rows)
 
 
 class TokenLevel(StringLevel):

@@ -21,6 +21,7 @@ from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted, TokenTr
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs
 from vllm_hetero_spec.drafter.string_level import PsiPlanner, TreeBuilder
+from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.vocab.retokenize import TokenEncoder
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
 
@@ -32,7 +33,7 @@ class FirstTokens:
     Attributes:
         target_ids: the sampled first target token per request.
         draft_ids: the draft tokens spelling it (empty for EOS), to continue from.
-        q_rows: ``[target_vocab]`` the distribution it was sampled from.
+        q_rows: the distribution it was sampled from, one compact row on its support.
         nodes: drafter evaluations spent beyond the contexts.
         capped: candidates left out by the budget.
         coverage: per request with a proposal, the drafter's mass on C.
@@ -40,7 +41,7 @@ class FirstTokens:
 
     target_ids: list[int | None]
     draft_ids: list[list[int]]
-    q_rows: list[torch.Tensor | None]
+    q_rows: list[DraftProbs | None]
     nodes: int = 0
     capped: int = 0
     coverage: list[float] = field(default_factory=list)
@@ -166,13 +167,13 @@ class StringLevelProposer:
             total = float(psi.sum())
             if total < MIN_COVERAGE:
                 continue
-            row = torch.zeros(self.target_vocab, dtype=torch.float64)
-            row.index_add_(0, torch.tensor(ids, dtype=torch.long), psi / total)
-            row32 = row.float()  # sampled from and verified against: the very same tensor
+            support, col = torch.unique(torch.tensor(ids, dtype=torch.long), sorted=True, return_inverse=True)
+            law = torch.zeros(len(support), dtype=torch.float64).index_add_(0, col, psi / total).float()
             gen = rows.generators[i]
-            pick = _draw(row32 if gen is None else row32.to(gen.device), gen)
+            # Sampled from and verified against the very same tensor.
+            pick = int(support[_draw(law if gen is None else law.to(gen.device), gen)])
             out.target_ids[i] = pick
-            out.q_rows[i] = row32
+            out.q_rows[i] = DraftProbs(law.unsqueeze(0), support.unsqueeze(0))
             out.coverage.append(total)
             text = self.target_bytes[pick]
             out.draft_ids[i] = (self.draft.segment(text) or []) if text else []

@@ -94,17 +94,3 @@ class DraftProbs:
             probs.append(torch.nn.functional.pad(p.probs, (0, pad)))
             support.append(torch.cat([p.support, p.support[:, -1:].expand(-1, pad)], dim=1))
         return DraftProbs(torch.cat(probs), torch.cat(support))
-
-    @staticmethod
-    def from_dense_rows(rows: torch.Tensor) -> "DraftProbs":
-        """``[R, V]`` dense rows as per-row supports over their nonzero entries (a host
-        helper for rows built on the host, such as ``slrs``'s first-token law)."""
-        nonzero = [torch.nonzero(r).flatten() for r in rows]
-        width = max(1, max(len(i) for i in nonzero))
-        probs = rows.new_zeros(len(nonzero), width)
-        support = torch.zeros(len(nonzero), width, dtype=torch.long)
-        for r, ids in enumerate(nonzero):
-            probs[r, : len(ids)] = rows[r, ids]
-            support[r, : len(ids)] = ids
-            support[r, len(ids) :] = ids[-1] if len(ids) else 0
-        return DraftProbs(probs, support)
