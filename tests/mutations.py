@@ -1,0 +1,147 @@
+"""Mutation check: apply known-bad changes to the package one at a time and report which
+test catches each. Not collected by pytest (no ``test_`` prefix) and not run by CI: a
+developer runs it after changing the verification path or its tests.
+
+    .venv/bin/python tests/mutations.py            # all mutations
+    .venv/bin/python tests/mutations.py M9 M10     # some of them
+
+Each mutation runs in a scratch copy of the package and tests (``PYTHONPATH``), so the
+working tree is never touched. A mutation is *caught* when its tests fail; every one of
+these must be caught.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    what: str
+    path: str  # inside the repository
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest arguments that must fail
+
+
+MUTATIONS = [
+    Mutation(
+        "M9", "the sampler adapter skips vLLM's temperature/top-k/top-p on p",
+        "vllm_hetero_spec/verify/sampler.py",
+        "target_logits = apply_sampling_constraints(target_logits, metadata.cu_num_draft_tokens, sampling_metadata)",
+        "target_logits = target_logits",
+        ("tests/test_sampler_adapter.py",),
+    ),
+    Mutation(
+        "M10", "slrs draws its first token uniformly over the candidates instead of from q",
+        "vllm_hetero_spec/drafter/slrs.py",
+        "_draw(law if gen is None else law.to(gen.device), gen)",
+        "_draw((law > 0).float() if gen is None else (law > 0).float().to(gen.device), gen)",
+        ("tests/test_proposer_token_level.py", "-k", "drawn_from_the_q"),
+    ),
+    Mutation(
+        "bias", "the acceptance ratio inflated by 0.5%",
+        "vllm_hetero_spec/verify/rules.py",
+        "uniform * q_x <= p_x)",
+        "uniform * q_x <= p_x * 1.005)",
+        ("tests/test_rules_power.py",),
+    ),
+    Mutation(
+        "seeded-k", "a seeded request draws uniforms for the batch's longest draft, not its own",
+        "vllm_hetero_spec/verify/sampler.py",
+        "uniform.select(0, r).narrow(0, 0, num_draft[r])",
+        "uniform.select(0, r)",
+        ("tests/test_sampler_adapter.py", "-k", "seeded"),
+    ),
+    Mutation(
+        "replay", "a rebuilt request restarts its draft random stream",
+        "vllm_hetero_spec/drafter/engine.py",
+        'f"{base}:{n_target}"',
+        'f"{base}"',
+        ("tests/test_proposer_token_level.py", "-k", "rebuilt"),
+    ),
+    Mutation(
+        "global-rng", "the drafter samples from the global RNG",
+        "vllm_hetero_spec/drafter/engine.py",
+        "gen = torch.Generator(device=self.runtime.device).manual_seed(self._stream_seed(req_id, params, n_target))",
+        "gen = None",
+        ("tests/test_proposer_token_level.py", "-k", "global_rng"),
+    ),
+    Mutation(
+        "residual", "the rejected position emits a sample of p instead of the residual",
+        "vllm_hetero_spec/verify/rules.py",
+        "residual = (p_rej - q_rej).clamp(min=0.0)",
+        "residual = p_rej.clone()",
+        ("tests/test_rules_lossless.py",),
+    ),
+    Mutation(
+        "force", "union's forced rejections are ignored",
+        "vllm_hetero_spec/verify/rules.py",
+        "accept &= force_reject.logical_not()",
+        "accept &= accept",
+        ("tests/test_rules_battery.py", "-k", "union"),
+    ),
+    Mutation(
+        "fuzzy-p0", "fsd's fuzzy test may accept a token the target rules out",
+        "vllm_hetero_spec/verify/rules.py",
+        "accept |= close & (tau > 0) & (p_x > 0)",
+        "accept |= close & (tau > 0)",
+        ("tests/test_union_fsd.py",),
+    ),
+    Mutation(
+        "compact-q", "q read at the wrong support column",
+        "vllm_hetero_spec/verify/draft_probs.py",
+        "col = torch.searchsorted(self.support, tokens).clamp(max=self.support.shape[0] - 1)",
+        "col = (torch.searchsorted(self.support, tokens) + 1).clamp(max=self.support.shape[0] - 1)",
+        ("tests/test_rules_lossless.py",),
+    ),
+]
+
+
+def run(mutation: Mutation) -> tuple[bool, float]:
+    """Apply ``mutation`` in a scratch copy; True when its tests fail (caught)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        shutil.copytree(ROOT / "vllm_hetero_spec", scratch / "vllm_hetero_spec")
+        shutil.copytree(ROOT / "tests", scratch / "tests")
+        shutil.copy(ROOT / "pyproject.toml", scratch / "pyproject.toml")
+        target = scratch / mutation.path
+        text = target.read_text()
+        if text.count(mutation.old) != 1:
+            raise SystemExit(f"{mutation.name}: the code to mutate is not (uniquely) in {mutation.path}; update me")
+        target.write_text(text.replace(mutation.old, mutation.new))
+        env = {**os.environ, "PYTHONPATH": str(scratch), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+               "TOKENIZERS_PARALLELISM": "false"}
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *mutation.tests],
+            cwd=scratch, env=env, capture_output=True, text=True,
+        )
+        return proc.returncode != 0, time.monotonic() - t0
+
+
+def main() -> None:
+    wanted = set(sys.argv[1:])
+    chosen = [m for m in MUTATIONS if not wanted or m.name in wanted]
+    missed = []
+    for m in chosen:
+        caught, seconds = run(m)
+        print(f"{m.name:10s} {'caught' if caught else 'MISSED':7s} {seconds:6.1f}s  {m.what}  [{' '.join(m.tests)}]")
+        if not caught:
+            missed.append(m.name)
+    if missed:
+        raise SystemExit(f"not caught: {', '.join(missed)}")
+
+
+if __name__ == "__main__":
+    main()
