@@ -78,6 +78,14 @@ MUTATIONS = [
         ("tests/test_proposer_token_level.py", "-k", "global_rng"),
     ),
     Mutation(
+        "rank-rng", "one TP rank draws from its global RNG while drafting (e2e, about 2 minutes)",
+        "vllm_hetero_spec/proposer.py",
+        "        if self._check_ranks:\n",
+        "        if self._tp is not None and self._tp.rank_in_group == 1:\n            torch.rand(1)\n"
+        "        if self._check_ranks:\n",
+        ("tests/test_tensor_parallel.py", "-k", "agree"),
+    ),
+    Mutation(
         "residual", "the rejected position emits a sample of p instead of the residual",
         "vllm_hetero_spec/verify/rules.py",
         "residual = (p_rej - q_rej).clamp(min=0.0)",

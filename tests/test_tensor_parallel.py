@@ -37,3 +37,16 @@ def test_tp2_identical_to_target_alone(qwen05: str, smollm2: str, plain: dict, e
     result = run_isolated(_job(qwen05, spec), env=ENV)
     assert result["token_ids"] == plain["token_ids"]
     assert result["num_accepted_tokens"] > 0
+
+
+def test_tp2_ranks_agree_at_t1_without_seeds(qwen05: str, smollm2: str) -> None:
+    """Sampling without seeds draws from each rank's global RNG (the verifier's unseeded
+    uniforms and noise, vLLM's bonus tokens): the drafter must neither draw from it nor
+    shift it on one rank only. With VLLM_HETERO_SPEC_CHECK_RANKS=1 every step's sampled
+    tokens and proposals are compared across the ranks (an all-gather of a digest)."""
+    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": "tli"}
+    job = {**_job(qwen05, spec), "temperature": 1.0, "max_tokens": 24}
+    result = run_isolated(job, env={**ENV, "VLLM_HETERO_SPEC_CHECK_RANKS": "1"})
+    stats = result["drafter_stats"]
+    assert stats["rank_checks"] > 10 and result["num_accepted_tokens"] > 0, (stats, result["num_accepted_tokens"])
+    assert stats["rank_mismatches"] == 0, stats

@@ -36,6 +36,9 @@ COUNTERS: dict[str, str] = {
     "proposed_tokens": "Target tokens proposed to the verifier",
     "realign_mismatches": "Re-tokenizations whose draft-side tokens diverged from the cached ones",
     "fallbacks": "Steps where drafting failed and the batch ran without drafts",
+    "rank_checks": "Steps whose drafts and sampled tokens were compared across TP ranks "
+    "(VLLM_HETERO_SPEC_CHECK_RANKS=1)",
+    "rank_mismatches": "Checked steps where some TP rank drafted or sampled differently from the others",
     "undrafted_requests": "Request-steps with nothing to draft from (e.g. an incomplete UTF-8 character)",
     "pool_full_requests": "Request-steps run undrafted because the draft KV pool (draft_kv_pool_mb) was full",
     "slrs_tree_nodes": "slrs: drafter evaluations spent computing psi (beyond the contexts)",

@@ -20,10 +20,13 @@ drafts.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 
@@ -35,6 +38,8 @@ from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.verify.plan import VerifyPlan
 
 logger = init_logger(__name__)
+
+CHECK_RANKS_ENV = "VLLM_HETERO_SPEC_CHECK_RANKS"
 
 
 def _tp_group() -> Any:
@@ -62,6 +67,7 @@ class HeteroProposer:
         self._vllm_config = vllm_config
         # With Ray only rank 0 drafts and broadcasts; in process every rank drafts.
         self._broadcast = self._tp is not None and self.settings.executor == "ray"
+        self._check_ranks = self._tp is not None and os.environ.get(CHECK_RANKS_ENV) == "1"
         self.executor: DraftExecutor | None = None
         self._stats = DrafterStats()
         self.board = MetricsBoard(
@@ -87,7 +93,11 @@ class HeteroProposer:
         """Counters so far (the executor's, plus the steps that failed here)."""
         if self.executor is None:
             return self._stats
-        return dataclasses.replace(self.executor.stats(), fallbacks=self._stats.fallbacks)
+        own = self._stats
+        return dataclasses.replace(
+            self.executor.stats(), fallbacks=own.fallbacks, rank_checks=own.rank_checks,
+            rank_mismatches=own.rank_mismatches,
+        )
 
     @property
     def states(self) -> dict[str, Any]:
@@ -160,9 +170,22 @@ class HeteroProposer:
                 drafts = None
         if self._broadcast:
             drafts, rows = self._tp.broadcast_object((drafts, rows), src=0)
+        if self._check_ranks:
+            self._compare_ranks(req_ids, sampled_token_ids, drafts)
         self._install(req_ids, rows, drafts)
         self._publish()
         return [[] for _ in req_ids] if drafts is None else self._layout(req_ids, rows, drafts)
+
+    def _compare_ranks(self, req_ids: list[str], sampled: list[list[int]], drafts: StepDrafts | None) -> None:
+        """A diagnostic (``VLLM_HETERO_SPEC_CHECK_RANKS=1``, one all-gather per step):
+        every TP rank must have sampled the same tokens and drafted the same proposals,
+        or their token histories, and so their KV caches, drift apart."""
+        proposals = None if drafts is None else drafts.ids
+        digest = hashlib.blake2b(repr((req_ids, sampled, proposals)).encode(), digest_size=16).hexdigest()
+        digests: list[str | None] = [None] * self._tp.world_size
+        torch.distributed.all_gather_object(digests, digest, group=self._tp.cpu_group)
+        self._stats.rank_checks += 1
+        self._stats.rank_mismatches += len(set(digests)) > 1
 
     def _params(self, req_id: str) -> RequestParams:
         p = self.runner.requests[req_id].sampling_params

@@ -145,6 +145,8 @@ class DrafterStats:
     proposed: int = 0
     realign_mismatches: int = 0
     fallbacks: int = 0
+    rank_checks: int = 0
+    rank_mismatches: int = 0
     undrafted: int = 0
     pool_full: int = 0
     pool_bytes: int = 0
@@ -175,6 +177,8 @@ class DrafterStats:
             "proposed_tokens": self.proposed,
             "realign_mismatches": self.realign_mismatches,
             "fallbacks": self.fallbacks,
+            "rank_checks": self.rank_checks,
+            "rank_mismatches": self.rank_mismatches,
             "undrafted_requests": self.undrafted,
             "pool_full_requests": self.pool_full,
             "slrs_tree_nodes": self.slrs_nodes,
