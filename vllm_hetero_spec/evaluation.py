@@ -161,6 +161,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     result["propose_s"] = propose_time["seconds"]
     result["propose_calls"] = propose_time["calls"]
     result["propose_ms_per_draft_token"] = 1e3 * propose_time["seconds"] / draft_tokens if draft_tokens else None
+    # Every worker's hetero:* slots (with TP each rank's proposer has its own board).
+    from vllm_hetero_spec.metrics import metrics_dir, read_boards
+
+    result["worker_metrics"] = [values for _, values in read_boards(metrics_dir(), os.getpid())]
     drafter = _find_drafter(llm)
     stats = getattr(drafter, "stats", None)
     if stats is not None:
