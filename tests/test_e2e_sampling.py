@@ -1,7 +1,8 @@
 """T > 0 end to end: with speculation the target's output distribution is unchanged.
 
-Hundreds of independently seeded requests of one prompt; the tokens at the positions
-the drafter proposes (1 and 2; position 0 comes from the prefill) are compared with the
+Hundreds of independently seeded requests of one prompt, sampled with top-k and top-p
+set (so vLLM's filters reach p through our sampler); the tokens at the positions the
+drafter proposes (1 and 2; position 0 comes from the prefill) are compared with the
 same positions from the target alone by a two-sample chi-square test. A control shows
 the test has power: the target at another temperature is detected.
 """
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.e2e
 
 N = 240
 PROMPT = "My favourite thing about the weekend is"
+FILTERS = {"top_k": 40, "top_p": 0.95}
 
 
 def _sample(target: str, seed0: int, temperature: float, spec: dict | None = None) -> list[list[int]]:
@@ -34,6 +36,7 @@ def _sample(target: str, seed0: int, temperature: float, spec: dict | None = Non
         "max_num_seqs": 64,
         "speculative_config": spec,
         "warmup": False,
+        **FILTERS,
     }
     result = run_isolated(job)
     if spec is not None:
@@ -62,12 +65,15 @@ def plain_t1(gemma: str) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("algorithm,executor", [("slem", "inprocess"), ("tli", "inprocess"), ("dtw", "inprocess"),
-                                                ("slrs", "inprocess"), ("tli", "ray")])
+                                                ("slrs", "inprocess"), ("union", "inprocess"), ("fsd", "inprocess"),
+                                                ("tli", "ray")])
 def test_output_distribution_matches_target(gemma: str, smollm2: str, plain_t1, algorithm: str, executor: str) -> None:
-    """Every lossless mode (dtw in its lossless verification mode); tli also drafting in
-    a Ray actor, where pipelined drafts come from forked random streams."""
+    """Every lossless mode (dtw in its lossless verification mode, fsd at tau = 0);
+    tli also drafting in a Ray actor, where pipelined drafts come from forked random
+    streams."""
     spec = _sample(gemma, 10_000, 1.0, {"method": "hetero", "model": smollm2, "num_speculative_tokens": 3,
-                                        "algorithm": algorithm, "dtw_verify": "lossless", "executor": executor})
+                                        "algorithm": algorithm, "dtw_verify": "lossless", "executor": executor,
+                                        "fsd_threshold": 0.0})
     for pos in (1, 2):
         p = _pvalue([o[pos] for o in plain_t1], [o[pos] for o in spec])
         assert p > 1e-3, f"{algorithm}: position {pos} distribution differs from the target's (p={p:.1e})"
