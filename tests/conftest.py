@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 
@@ -35,7 +36,12 @@ def qwen05() -> str:
 
 @pytest.fixture(autouse=True, scope="module")
 def _free_module_memory():
-    """Collect each module's engines and models before the next module loads its own:
-    the suite runs in one process, beside servers and engine subprocesses."""
+    """Collect each module's engines and models before the next module loads its own,
+    and hand the freed heap back to the system (glibc keeps it otherwise): the suite
+    runs in one process, beside servers and engine subprocesses."""
     yield
     gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
