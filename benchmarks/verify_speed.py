@@ -8,7 +8,8 @@ its :class:`VerifyPlan`, q in compact form on the intersection's support (the
 SmolLM2 -> Qwen2.5 support size by default). Both run vLLM's bonus sampling and
 sampling constraints; the CPU build's kernels are registered as the CPU worker does.
 
-Reported per point: the median time of one verification over ``--repeats`` runs, and the
+Reported per point: the median time of one verification over ``--repeats`` runs (ours and
+vLLM's interleaved), and the
 host memory allocated during one verification (torch profiler, ``profile_memory``: the
 sum of every op's own allocations, so a tensor allocated and freed twice counts twice).
 
@@ -93,14 +94,17 @@ def measure(b: int, k: int, greedy: bool, repeats: int) -> dict:
         theirs(inp["metadata"], dense, inp["logits"], inp["sampling"])
 
     out = {"batch": b, "k": k, "mode": "greedy" if greedy else "T=1"}
-    for name, fn in (("ours", run_ours), ("vllm", run_theirs)):
+    runs = {"ours": run_ours, "vllm": run_theirs}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for fn in runs.values():
         fn()  # warm-up
-        times = []
-        for _ in range(repeats):
+    for _ in range(repeats):  # interleaved, so drift in the machine's speed hits both alike
+        for name, fn in runs.items():
             t0 = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - t0)
-        out[f"{name}_ms"] = 1000 * median(times)
+            times[name].append(time.perf_counter() - t0)
+    for name, fn in runs.items():
+        out[f"{name}_ms"] = 1000 * median(times[name])
         out[f"{name}_host_mb"] = _host_bytes(fn) / 2**20
     out["ratio"] = out["ours_ms"] / out["vllm_ms"]
     out["q_mb_ours"] = 0.0 if plan.q is None else plan.q.nbytes / 2**20
@@ -112,7 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--out", type=Path, default=OUT / "verify_speed")
     args = parser.parse_args()
 

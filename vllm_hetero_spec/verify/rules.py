@@ -85,6 +85,7 @@ def verify_tokens(
     noise_rows: torch.Tensor,
     force_reject: torch.Tensor | None = None,
     fuzzy: FuzzyAcceptance | None = None,
+    any_greedy: bool = True,
 ) -> torch.Tensor:
     """Verify a batch of drafts laid out as vLLM lays out the target's rows.
 
@@ -108,6 +109,7 @@ def verify_tokens(
             draft outside the target vocabulary). A non-greedy row needs its real q
             (``q_in``) at such a position, or its residual would be wrong.
         fuzzy: the fsd test, applied before the standard one; needs ``q``.
+        any_greedy: host-side; False (no row is greedy) skips the target's argmax.
 
     Returns:
         ``[B, K + 1]`` emitted tokens: accepted drafts, then the corrected or bonus token,
@@ -127,8 +129,10 @@ def verify_tokens(
         has_q = q.index >= 0
         q_at = q.probs.at(q.index.clamp(min=0).flatten(), safe_ids.flatten()).view(b, k).to(p_x.dtype)
         q_x = torch.where(has_q, q_at, torch.ones_like(p_x))
-    target_argmax = target_probs.argmax(dim=1).index_select(0, flat_rows).view(b, k)
-    accept = torch.where(greedy.unsqueeze(1), target_argmax == draft_ids, uniform * q_x <= p_x)
+    accept = uniform * q_x <= p_x
+    if any_greedy:
+        target_argmax = target_probs.argmax(dim=1).index_select(0, flat_rows).view(b, k)
+        accept = torch.where(greedy.unsqueeze(1), target_argmax == draft_ids, accept)
     if fuzzy is not None:
         tau = fuzzy.threshold.to(target_probs.dtype).unsqueeze(1)
         q_block = _dense_q(q, safe_ids.flatten(), vocab).view(b, k, vocab).to(target_probs.dtype)
@@ -143,21 +147,22 @@ def verify_tokens(
     if k == 0:
         recovered = bonus_ids
     else:
-        argmax_at = _at(target_argmax, pos)
-        recovered = argmax_at
+        # Rows outside noise_rows are greedy, or have no drafts (recovered unused).
+        recovered = _at(target_argmax, pos) if any_greedy else bonus_ids
         if noise_rows.shape[0] > 0:
             at = pos.index_select(0, noise_rows)
             p_rej = target_probs.index_select(0, _at(flat_index.index_select(0, noise_rows), at))
             x_rej = _at(safe_ids.index_select(0, noise_rows), at)
             q_sel = None if q is None else BlockQ(q.probs, _at(q.index.index_select(0, noise_rows), at).unsqueeze(1))
-            q_rej = _dense_q(q_sel, x_rej, vocab).to(p_rej.dtype)
-            residual = (p_rej - q_rej).clamp(min=0.0)
+            # In place from here: [N, V] tensors are the step's largest.
+            residual = _dense_q(q_sel, x_rej, vocab).to(p_rej.dtype).neg_().add_(p_rej).clamp_(min=0.0)
             # p == q leaves no residual; rejection then has probability zero, so any
             # fallback is unreachable in law -- use p to stay well defined.
             empty = residual.sum(dim=1, keepdim=True) <= 0
-            residual = torch.where(empty, p_rej, residual)
-            sampled = (residual / race_noise).argmax(dim=1)
-            recovered = torch.where(greedy, argmax_at, recovered.index_copy(0, noise_rows, sampled))
+            residual.addcmul_(p_rej, empty.to(residual.dtype))
+            sampled = residual.div_(race_noise).argmax(dim=1)
+            chosen = recovered.index_copy(0, noise_rows, sampled)
+            recovered = torch.where(greedy, recovered, chosen) if any_greedy else chosen
     last = torch.where(n_acc < num_draft, recovered, bonus_ids)
 
     cols = torch.arange(k, device=device).unsqueeze(0)
@@ -174,12 +179,12 @@ def _at(x: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
 def _dense_q(q: BlockQ | None, tokens: torch.Tensor, vocab: int) -> torch.Tensor:
     """``[N, vocab]`` q at positions ``q.index`` (flattened to ``[N]``): the compact row
     expanded, or one-hot at ``tokens`` ``[N]`` where a position has no row."""
-    one_hot = torch.zeros(tokens.shape[0], vocab, device=tokens.device).scatter_(1, tokens.unsqueeze(1), 1.0)
     if q is None:
-        return one_hot
+        return torch.zeros(tokens.shape[0], vocab, device=tokens.device).scatter_(1, tokens.unsqueeze(1), 1.0)
     index = q.index.flatten()
-    dense = q.probs.dense(index.clamp(min=0), vocab).to(one_hot.dtype)
-    return torch.where((index >= 0).unsqueeze(1), dense, one_hot)
+    has = (index >= 0).unsqueeze(1)
+    dense = q.probs.dense(index.clamp(min=0), vocab).mul_(has)
+    return dense.scatter_add_(1, tokens.unsqueeze(1), has.logical_not().to(dense.dtype))
 
 
 def verify_block(

@@ -127,7 +127,7 @@ class HeteroRejectionSampler(RejectionSampler):
         target_probs = target_logits if not sampled and block.fuzzy is None else target_logits.softmax(dim=-1)
         out = verify_tokens(
             draft_ids, counts, flat_index, target_probs, block.q, bonus_ids, greedy, uniform, noise, noise_rows,
-            block.force_reject, block.fuzzy,
+            block.force_reject, block.fuzzy, any_greedy=not sampling_metadata.all_random,
         )
         output_token_ids = out.to(torch.int32)
 
