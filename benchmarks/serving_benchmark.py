@@ -27,10 +27,10 @@ from pathlib import Path
 
 from vllm_hetero_spec.evaluation import default_env
 from vllm_hetero_spec.models import ensure_model
+from vllm_hetero_spec.prompts import SPEC_BENCH
 from vllm_hetero_spec.server_process import ServerProcess, vllm_command
 
 OUT = Path(__file__).parent / "results"
-SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/data/spec_bench/question.jsonl"
 
 
 def configs(draft: str, k: int) -> dict[str, dict | None]:

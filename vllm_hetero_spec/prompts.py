@@ -6,7 +6,8 @@ import json
 import os
 from pathlib import Path
 
-SPEC_BENCH = Path(os.environ.get("SPEC_BENCH_PATH", Path(__file__).resolve().parents[2] / "shared/data/spec_bench/question.jsonl"))
+# 240 Spec-Bench prompts (Apache-2.0), shipped in the repository: data/spec_bench/README.md.
+SPEC_BENCH = Path(os.environ.get("SPEC_BENCH_PATH", Path(__file__).resolve().parents[1] / "data/spec_bench/question.jsonl"))
 
 
 def spec_bench_questions(n: int, per_category: int = 1) -> list[str]:
