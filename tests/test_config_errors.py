@@ -31,8 +31,8 @@ def _engine_config(target: str, spec):
         ({"executor": "threads"}, "'executor'"),
         ({"pipeline": False}, "'pipeline'"),  # a Ray-only key without the Ray executor
         ({"max_branches": 2}, "'max_branches'"),
-        ({"draft_budget": "adaptive"}, "'draft_budget'"),
-        ({"executor": "ray", "draft_budget": "greedy"}, "'draft_budget'"),
+        ({"draft_budget": "greedy"}, "'draft_budget'"),
+        ({"min_speculative_tokens": -1}, "'min_speculative_tokens'"),
         ({"executor": "ray", "ray_timeout_s": 0}, "'ray_timeout_s'"),
         ({"executor": "ray", "ray_num_cpus": 0}, "'ray_num_cpus'"),
         ({"executor": "ray", "pipeline": "yes"}, "'pipeline'"),

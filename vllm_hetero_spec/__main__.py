@@ -26,7 +26,10 @@ def main() -> None:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b", help="target model folder or short name")
     ap.add_argument("--draft", default="smollm2-135m", help="draft model folder or short name")
     ap.add_argument("--algorithm", default="tli", choices=ALGORITHMS)
-    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=4,
+                    help="the most tokens drafted per step (the adaptive budget picks 0..k each step)")
+    ap.add_argument("--draft-budget", default="adaptive", choices=("adaptive", "fixed"),
+                    help="fixed: always k draft tokens")
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=1, help="requests submitted together")
@@ -53,11 +56,12 @@ def main() -> None:
         "num_speculative_tokens": args.num_speculative_tokens,
         "algorithm": args.algorithm,
         "draft_dtype": args.draft_dtype,
+        "draft_budget": args.draft_budget,
     }
     if args.executor == "ray":
         spec["executor"] = "ray"
     print(f"target={args.target} draft={args.draft} algorithm={args.algorithm} executor={args.executor} "
-          f"k={args.num_speculative_tokens} "
+          f"k<={args.num_speculative_tokens} budget={args.draft_budget} "
           f"prompts={len(prompts)} max_tokens={args.max_tokens} batch={args.batch_size} T={args.temperature}",
           flush=True)
     plain = run_isolated(base)
@@ -73,11 +77,18 @@ def main() -> None:
         "bridge_ms_per_step": hetero.get("bridge_ms_per_step"),
         "draft_ms_per_step": hetero.get("draft_ms_per_step"),
         "identical_outputs": f"{same}/{len(prompts)}",
+        "draft_lengths": hetero.get("draft_lengths"),
     }
     print(f"hetero ({args.algorithm}): {hetero['tok_per_s']:.2f} tok/s  speedup {summary['speedup']:.2f}x")
-    print(f"acceptance rate {summary['acceptance_rate']:.1%}  mean acceptance length "
-          f"{summary['mean_acceptance_length']:.2f}  bridge {summary['bridge_ms_per_step']:.2f} ms/step  "
-          f"drafter {summary['draft_ms_per_step']:.1f} ms/step")
+
+    def fmt(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    print(f"acceptance rate {fmt(summary['acceptance_rate'], '.1%')}  mean acceptance length "
+          f"{fmt(summary['mean_acceptance_length'], '.2f')}  bridge {fmt(summary['bridge_ms_per_step'], '.2f')} ms/step  "
+          f"drafter {fmt(summary['draft_ms_per_step'], '.1f')} ms/step")
+    lengths = summary["draft_lengths"] or {}
+    print("draft length chosen per step (k: steps): " + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
     if args.temperature == 0:
         print(f"identical to plain decoding: {summary['identical_outputs']} prompts")
     print("sample output:", json.dumps(hetero["texts"][0][:200]))

@@ -87,9 +87,10 @@ class HeteroSettings:
         pipeline: ``ray``: draft step n + 1 while the target verifies step n.
         max_branches: ``ray`` pipelining: most bonus-token branches drafted per request
             (DuoDecoding's dynamic multi-sequence drafting; 1 = a single sequence).
-        draft_budget: ``fixed`` (always ``num_speculative_tokens``) or ``adaptive``
-            (``ray`` only: as many as fit in a target step, see ``drafter/budget.py``).
-        min_speculative_tokens: the adaptive budget's floor.
+        draft_budget: ``adaptive`` (each step, per request, the draft length 0..k that
+            maximises expected tokens per second under a cost model fitted online, see
+            ``drafter/budget.py``) or ``fixed`` (always ``num_speculative_tokens``).
+        min_speculative_tokens: the adaptive budget's floor (0: it may skip drafting).
         draft_kv_pool_mb: the drafter's paged KV pool, in MiB, reserved once on the
             target's device (``drafter/paged_kv.py``); a request that finds it full
             runs undrafted (counted) until blocks free up.
@@ -119,8 +120,8 @@ class HeteroSettings:
     ray_timeout_s: float = 5.0
     pipeline: bool = True
     max_branches: int = 4
-    draft_budget: str = "fixed"
-    min_speculative_tokens: int = 1
+    draft_budget: str = "adaptive"
+    min_speculative_tokens: int = 0
     draft_kv_pool_mb: int = 512
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,15 +233,10 @@ def _executor_settings(spec: dict[str, Any], k: int) -> dict[str, Any]:
     pipeline = spec.pop("pipeline", True)
     if not isinstance(pipeline, bool):
         raise HeteroConfigError(f"'pipeline' must be true or false, got {pipeline!r}")
-    budget = spec.pop("draft_budget", "adaptive" if executor == "ray" else "fixed")
+    budget = spec.pop("draft_budget", "adaptive")
     if budget not in BUDGETS:
         raise HeteroConfigError(f"'draft_budget' = {budget!r} is not supported; choose one of {list(BUDGETS)}")
-    if budget == "adaptive" and executor != "ray":
-        raise HeteroConfigError(
-            "'draft_budget' = 'adaptive' sizes drafts to fit a target step, which needs a drafter running "
-            "beside the target; set 'executor' to 'ray' or 'draft_budget' to 'fixed'"
-        )
-    min_tokens = _int(spec, "min_speculative_tokens", 1, 1)
+    min_tokens = _int(spec, "min_speculative_tokens", 0, 0)
     if min_tokens > k:
         raise HeteroConfigError(
             f"'min_speculative_tokens' = {min_tokens} exceeds 'num_speculative_tokens' = {k}; lower it to at most {k}"

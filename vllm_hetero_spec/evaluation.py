@@ -171,6 +171,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         result["fallbacks"] = stats.fallbacks
         result["drafter_stats"] = stats.as_metrics()
         result["drafter_raw"] = dataclasses.asdict(stats)
+    budget = getattr(drafter, "budget", None)
+    if budget is not None:
+        result["draft_lengths"] = {str(k): n for k, n in sorted(budget.chosen.items())}
     if stats is not None and stats.steps:
         result["bridge_ms_per_step"] = 1e3 * stats.bridge_s / stats.steps
         result["draft_ms_per_step"] = 1e3 * stats.draft_s / stats.steps

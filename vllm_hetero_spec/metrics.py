@@ -52,12 +52,16 @@ COUNTERS: dict[str, str] = {
     "ray_timeouts": "Ray executor: steps the actor did not answer in time (run without drafts)",
     "ray_restarts": "Ray executor: drafter actors restarted after dying or hanging",
     "ray_undrafted_steps": "Ray executor: steps run without drafts because the actor was unavailable",
+    "draft_length_sum": "Sum over steps of the step's draft length (the longest draft any request got); "
+    "divide by hetero:budget_steps_total for the mean",
+    "budget_steps": "Steps the draft budget planned (drafted or not)",
+    "undrafted_steps": "Steps the budget ran without any draft (k = 0: speculation would not pay)",
 }
 #: name -> help; exported as ``hetero:<name>``.
 GAUGES: dict[str, str] = {
     "request_states": "Requests the drafter currently holds state for",
     "draft_state_bytes": "Bytes held by per-request draft state (draft KV caches and token arrays)",
-    "draft_budget": "Draft tokens per step the hardware-aware budget chose last",
+    "draft_budget": "The draft length (0 = none) the budget chose for the last step",
     "draft_pool_bytes": "Bytes of the draft KV pool in use (bounded by draft_kv_pool_mb)",
 }
 SLOTS: tuple[str, ...] = tuple(COUNTERS) + tuple(GAUGES)

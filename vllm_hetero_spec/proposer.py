@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 
 from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings, request_fsd_threshold
+from vllm_hetero_spec.drafter.budget import make_budget
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.executors import DraftExecutor, make_executor
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
@@ -69,6 +71,11 @@ class HeteroProposer:
         self._broadcast = self._tp is not None and self.settings.executor == "ray"
         self._check_ranks = self._tp is not None and os.environ.get(CHECK_RANKS_ENV) == "1"
         self.executor: DraftExecutor | None = None
+        # How many tokens each request drafts this step (0 included): chosen where the
+        # drafts are made (rank 0 with Ray) and, in process under TP, sent from rank 0
+        # so that every rank drafts the same lengths.
+        self.budget = make_budget(self.settings.draft_budget, self.k, self.settings.min_speculative_tokens)
+        self._share_budget = self._tp is not None and not self._broadcast and self.settings.draft_budget == "adaptive"
         self._stats = DrafterStats()
         self.board = MetricsBoard(
             {
@@ -91,12 +98,16 @@ class HeteroProposer:
     @property
     def stats(self) -> DrafterStats:
         """Counters so far (the executor's, plus the steps that failed here)."""
-        if self.executor is None:
-            return self._stats
         own = self._stats
+        own.budget_sum = sum(k * n for k, n in self.budget.chosen.items())
+        own.budget_steps = sum(self.budget.chosen.values())
+        own.undrafted_steps = self.budget.chosen[0]
+        if self.executor is None:
+            return own
         return dataclasses.replace(
             self.executor.stats(), fallbacks=own.fallbacks, rank_checks=own.rank_checks,
-            rank_mismatches=own.rank_mismatches,
+            rank_mismatches=own.rank_mismatches, budget_sum=own.budget_sum, budget_steps=own.budget_steps,
+            undrafted_steps=own.undrafted_steps,
         )
 
     @property
@@ -122,6 +133,7 @@ class HeteroProposer:
 
     def drop_request(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
+        self.budget.forget(req_id)
         if self.executor is not None:
             self.executor.drop(req_id)
             # The gauges must follow now: an idle server runs no further step.
@@ -149,20 +161,32 @@ class HeteroProposer:
         """Drafts per row of the batch. Never raises: an exception here would kill the
         engine (and every request on it), while a step without drafts is always correct.
         So a failure is logged and counted, the draft state (possibly inconsistent) is
-        dropped and rebuilt from the target's tokens, and this step runs undrafted."""
+        dropped and rebuilt from the target's tokens, and this step runs undrafted.
+
+        The budget decides first how many tokens each row drafts (rows still
+        prefilling have sampled nothing yet and draft nothing); rows at 0 are not
+        sent to the drafter at all -- their draft state catches up with the committed
+        tokens the next time they draft, in that step's one forward."""
+        start = time.perf_counter()
         req_ids: list[str] = list(self.runner.input_batch.req_ids)
+        sampled = [len(s) for s in sampled_token_ids[: len(req_ids)]]
+        self.budget.observe(start, req_ids, sampled)
+        lengths = self.budget.plan(req_ids, [n > 0 for n in sampled])
+        if self._share_budget:
+            lengths = self._tp.broadcast_object(lengths, src=0)
         drafts, rows = None, []
-        if self.executor is not None:
+        if self.executor is not None and any(lengths):
             try:
-                # Rows still prefilling have sampled nothing yet: nothing to draft from.
-                rows = [row for row in range(len(req_ids)) if sampled_token_ids[row]]
+                rows = [row for row in range(len(req_ids)) if lengths[row] > 0]
                 batch = StepBatch(
                     [req_ids[r] for r in rows],
                     [token_ids_cpu[r, : int(num_tokens_no_spec[r])].copy() for r in rows],
                     [self._params(req_ids[r]) for r in rows],
-                    self.executor.budget(),
+                    max(lengths),
                 )
                 drafts = self.executor.step(batch, set(self.runner.requests))
+                if drafts is not None:
+                    drafts.truncate([lengths[r] for r in rows])
             except Exception:
                 logger.exception("hetero spec: drafting failed; this step runs without drafts")
                 self._stats.fallbacks += 1
@@ -173,8 +197,11 @@ class HeteroProposer:
         if self._check_ranks:
             self._compare_ranks(req_ids, sampled_token_ids, drafts)
         self._install(req_ids, rows, drafts)
+        out = [[] for _ in req_ids] if drafts is None else self._layout(req_ids, rows, drafts)
+        end = time.perf_counter()
+        self.budget.record(req_ids, [len(o) for o in out], end - start, end)
         self._publish()
-        return [[] for _ in req_ids] if drafts is None else self._layout(req_ids, rows, drafts)
+        return out
 
     def _compare_ranks(self, req_ids: list[str], sampled: list[list[int]], drafts: StepDrafts | None) -> None:
         """A diagnostic (``VLLM_HETERO_SPEC_CHECK_RANKS=1``, one all-gather per step):
@@ -234,8 +261,7 @@ class HeteroProposer:
         for name, value in stats.as_metrics().items():
             self.board.set(name, value)
         self._publish_states(stats)
-        if self.executor is not None:
-            self.board.set("draft_budget", self.executor.budget())
+        self.board.set("draft_budget", self.budget.last_k)
 
     def _publish_states(self, stats: DrafterStats) -> None:
         self.board.set("request_states", stats.request_states)

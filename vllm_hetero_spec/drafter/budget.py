@@ -1,47 +1,293 @@
-"""Hardware-aware draft budget (DuoDecoding): as many draft tokens as fit in a target step.
+"""How many tokens to draft this step, per request, 0 included: a cost model fitted online.
 
-With the drafter on its own cores, a step costs max(target step, drafting): drafting
-less than fits leaves acceptance on the table, drafting more makes the target wait.
-So k = floor(target step time / drafter time per token), kept within
-[min_tokens, max_tokens] and re-evaluated every step from exponential moving averages,
-so it follows load (batch size, context length, a noisy neighbour) as it changes.
+Speculation pays only when the tokens it adds per step outweigh what it costs per step,
+and both sides move with the batch size, the prompt mix and the machine: verifying
+8 x 5 positions is compute-bound on a CPU where verifying 1 x 5 is nearly free, and a
+request whose drafts keep being rejected only adds verification work. So each step
+:class:`AdaptiveBudget` picks the k (0..``num_speculative_tokens``) that maximises
+expected tokens per second,
+
+    rate(k) = sum_r E_r(k) / cost(k),     E_r(k) = 1 + sum_{j<=k} P_r(j),
+
+from three models it keeps current from what each step shows:
+
+- **acceptance**: per draft position j, the probability a_j that the j-th proposal is
+  accepted given the ones before it were, over all requests and per request (a
+  request's own counts shrunk towards the overall ones), so P_r(j) = a_r1 ... a_rj;
+- **verification**: the target's step time as a linear function of the tokens it
+  verifies (rows + proposals) for speculative steps, and the plain step time, per
+  batch-size bucket (1, 2, 3-4, 5-8, ...);
+- **drafting**: the proposer's time as a linear function of k, per bucket.
+
+Then, per request, a proposal at position j is kept only where it pays at the margin:
+its expected gain P_r(j) must exceed the tokens the step's rate would buy in the time
+one more verified token costs (the verification slope times the rate), so a request
+that is rarely accepted drafts less, or not at all, while the others draft on.
+
+Only *steady* steps (the same requests as the step before, none of them prefilling)
+feed the cost models, so a prefill never passes for the cost of verification. Costs
+are exponentially weighted, acceptance counts decay, so the models follow change; and
+the policy keeps exploring: a new bucket first tries k = max, 0 and 1 (the cost line
+needs two verification sizes and the plain cost), then every ``explore_every`` steps
+it tries a neighbour of the chosen k (alternately above and below, 0 included), which
+refreshes the cost line and the acceptance of the next position. ``fixed`` always
+drafts ``num_speculative_tokens``. The choice never touches verification, so every
+rule stays exactly as lossless as it is at any fixed k.
 """
 
 from __future__ import annotations
 
-import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_WARMUP = ("max", 0, 1)  # k for a new bucket's first steps ("max": num_speculative_tokens)
 
 
-class DraftBudget:
-    """Online estimate of the number of draft tokens per step."""
+class LinearFit:
+    """y = a + b x by exponentially weighted least squares, with a weak ridge towards
+    ``prior`` so that one distinct x still gives an answer (the prior's slope)."""
 
-    def __init__(self, min_tokens: int, max_tokens: int, smoothing: float = 0.3):
-        if not 1 <= min_tokens <= max_tokens:
-            raise ValueError(f"need 1 <= min_tokens <= max_tokens, got {min_tokens}, {max_tokens}")
-        self.min_tokens = min_tokens
-        self.max_tokens = max_tokens
-        self.smoothing = smoothing
-        self.target_s: float | None = None
-        self.token_s: float | None = None
+    def __init__(self, memory: float, prior: tuple[float, float] = (0.0, 0.0), ridge: float = 1e-6):
+        self.memory = memory
+        self.prior = np.asarray(prior, dtype=np.float64)
+        self.ridge = ridge
+        self.xtx = np.zeros((2, 2))
+        self.xty = np.zeros(2)
+        self.n = 0.0
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
-
-    def observe_target(self, seconds: float) -> None:
-        """One target step's wall time (verification, sampling, scheduling)."""
-        if seconds > 0:
-            self.target_s = self._ema(self.target_s, seconds)
-
-    def observe_draft(self, seconds: float, forwards: int) -> None:
-        """Drafter time spent on ``forwards`` sequential draft forwards (one token each
-        for every request of the batch)."""
-        if forwards > 0 and seconds > 0:
-            self.token_s = self._ema(self.token_s, seconds / forwards)
+    def add(self, x: float, y: float) -> None:
+        v = np.array([1.0, x])
+        self.xtx = self.memory * self.xtx + np.outer(v, v)
+        self.xty = self.memory * self.xty + v * y
+        self.n = self.memory * self.n + 1.0
 
     @property
-    def tokens(self) -> int:
-        """The budget for the next step (the maximum until both times are known)."""
-        if self.target_s is None or self.token_s is None:
-            return self.max_tokens
-        fit = math.floor(self.target_s / self.token_s + 1e-9)  # 0.3 / 0.1 is 2.999...
-        return max(self.min_tokens, min(self.max_tokens, fit))
+    def coef(self) -> np.ndarray:
+        """(a, b)."""
+        scale = max(self.xtx[1, 1], 1.0)
+        reg = self.ridge * np.diag([1.0, scale])
+        return np.linalg.solve(self.xtx + reg, self.xty + reg @ self.prior)
+
+    def predict(self, x: float) -> float:
+        a, b = self.coef
+        return float(a + b * x)
+
+
+class Ema:
+    """An exponentially weighted mean (``None`` until the first sample)."""
+
+    def __init__(self, memory: float):
+        self.memory = memory
+        self.value: float | None = None
+
+    def add(self, y: float) -> None:
+        self.value = y if self.value is None else self.memory * self.value + (1 - self.memory) * y
+
+
+@dataclass
+class _Bucket:
+    """The cost models of one batch-size bucket."""
+
+    plain: Ema
+    verify: LinearFit
+    draft: LinearFit
+    steps: int = 0
+    probes: int = 0
+    verify_sizes: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Step:
+    """The last step as planned, for what the next call learns from it."""
+
+    req_ids: list[str]
+    proposed: dict[str, int]
+    bucket: int
+    tokens: int
+    k: int
+    propose_s: float
+    end: float
+
+
+def bucket_of(batch: int) -> int:
+    """1, 2, 3-4, 5-8, ... -> 0, 1, 2, 3, ..."""
+    return max(0, int(batch - 1).bit_length())
+
+
+class AdaptiveBudget:
+    """Chooses each step's draft length per request (see the module docstring).
+
+    Per step the proposer calls :meth:`observe` first (what the last step showed),
+    then :meth:`plan` (the k per request), then :meth:`record` (what was proposed)."""
+
+    def __init__(
+        self,
+        max_tokens: int,
+        min_tokens: int = 0,
+        *,
+        explore_every: int = 10,
+        cost_memory: float = 0.9,
+        accept_memory: float = 0.97,
+        request_weight: float = 4.0,
+        prior_accept: float = 0.5,
+    ):
+        if not 0 <= min_tokens <= max_tokens or max_tokens < 1:
+            raise ValueError(f"need 0 <= min_tokens <= max_tokens and max_tokens >= 1, got {min_tokens}, {max_tokens}")
+        self.max_tokens = max_tokens
+        self.min_tokens = min_tokens
+        self.explore_every = explore_every
+        self.cost_memory = cost_memory
+        self.accept_memory = accept_memory
+        self.request_weight = request_weight
+        self.prior_accept = prior_accept
+        self.accepted = np.zeros(max_tokens)
+        self.tried = np.zeros(max_tokens)
+        self.per_request: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.buckets: dict[int, _Bucket] = {}
+        self.chosen = Counter()  # steps per chosen k (the step's largest)
+        self.last_k = max_tokens
+        self._last: _Step | None = None
+
+    # -- learning ---------------------------------------------------------------------
+
+    def _bucket(self, b: int) -> _Bucket:
+        if b not in self.buckets:
+            m = self.cost_memory
+            self.buckets[b] = _Bucket(Ema(m), LinearFit(m), LinearFit(m))
+        return self.buckets[b]
+
+    def observe(self, now: float, req_ids: list[str], sampled: list[int]) -> None:
+        """Learn from the step that just ran: ``sampled[i]`` tokens came out for row
+        ``req_ids[i]`` (accepted drafts + 1; 0 while it is still prefilling)."""
+        last, self._last = self._last, None
+        if last is None:
+            return
+        n_sampled = dict(zip(req_ids, sampled))
+        self.accepted *= self.accept_memory
+        self.tried *= self.accept_memory
+        for req_id, k in last.proposed.items():
+            if k <= 0 or n_sampled.get(req_id, 0) <= 0:
+                continue
+            accepted = min(n_sampled[req_id] - 1, k)
+            reached = min(accepted + 1, k)  # positions whose verdict we saw
+            won = np.zeros(self.max_tokens)
+            won[:accepted] = 1.0
+            seen = np.zeros(self.max_tokens)
+            seen[:reached] = 1.0
+            self.accepted += won
+            self.tried += seen
+            acc, tri = self.per_request.setdefault(req_id, (np.zeros(self.max_tokens), np.zeros(self.max_tokens)))
+            acc *= self.accept_memory
+            tri *= self.accept_memory
+            acc += won
+            tri += seen
+        # A step is steady when nobody joined it (a newcomer's prefill would pass for
+        # verification cost) and nobody is prefilling; a request may have finished in it.
+        steady = set(req_ids) <= set(last.req_ids) and all(s > 0 for s in sampled)
+        if steady:
+            bucket = self._bucket(last.bucket)
+            target_s = now - last.end
+            if last.k == 0:
+                bucket.plain.add(target_s)
+            else:
+                bucket.verify.add(last.tokens, target_s)
+                bucket.verify_sizes.add(last.tokens)
+                bucket.draft.add(last.k, last.propose_s)
+
+    def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float) -> None:
+        """What this step proposed per row (every row of the batch, 0 for none), how
+        long proposing took, and when it ended."""
+        k = max(proposed, default=0)
+        self._last = _Step(
+            list(req_ids), dict(zip(req_ids, proposed)), bucket_of(len(req_ids)), len(req_ids) + sum(proposed), k,
+            propose_s, end,
+        )
+        self.chosen[k] += 1
+        self.last_k = k
+
+    def forget(self, req_id: str) -> None:
+        """A finished, aborted or preempted request."""
+        self.per_request.pop(req_id, None)
+
+    # -- deciding ---------------------------------------------------------------------
+
+    def acceptance(self, req_id: str | None = None) -> np.ndarray:
+        """a_j per position (conditional on the earlier ones accepted), overall or for
+        one request (its counts shrunk towards the overall estimate)."""
+        overall = (self.accepted + self.prior_accept) / (self.tried + 1.0)
+        if req_id is None or req_id not in self.per_request:
+            return overall
+        acc, tri = self.per_request[req_id]
+        return (acc + self.request_weight * overall) / (tri + self.request_weight)
+
+    def _cost(self, bucket: _Bucket, rows: int, k: int, proposals: int) -> float:
+        if k == 0:
+            return float(bucket.plain.value)
+        return max(bucket.verify.predict(rows + proposals), 1e-6) + max(bucket.draft.predict(k), 0.0)
+
+    def _ready(self, bucket: _Bucket) -> bool:
+        return bucket.plain.value is not None and len(bucket.verify_sizes) >= min(2, self.max_tokens) \
+            and bucket.draft.n > 0
+
+    def plan(self, req_ids: list[str], drafting: list[bool]) -> list[int]:
+        """The draft length per row of the batch (0 for rows not ``drafting``)."""
+        bucket = self._bucket(bucket_of(len(req_ids)))
+        step = bucket.steps
+        bucket.steps += 1
+        if not self._ready(bucket):
+            k = _WARMUP[step % len(_WARMUP)]
+            k = self.max_tokens if k == "max" else k
+            return self._clamp([k] * len(req_ids), drafting)
+        gains = np.stack([np.cumprod(self.acceptance(r)) for r in req_ids]) * np.asarray(drafting)[:, None]
+        rows = len(req_ids)
+        n_drafting = int(sum(drafting))
+        rates = [
+            (rows + gains[:, :k].sum()) / self._cost(bucket, rows, k, k * n_drafting)
+            for k in range(self.max_tokens + 1)
+        ]
+        best = int(np.argmax(rates[self.min_tokens :])) + self.min_tokens
+        k = best
+        if self.explore_every and step % self.explore_every == self.explore_every // 2:
+            bucket.probes += 1
+            up = bucket.probes % 2 == 1
+            k = best + 1 if (up and best < self.max_tokens) or best == self.min_tokens else best - 1
+            return self._clamp([k] * rows, drafting)
+        if k == 0:
+            return [0] * rows
+        slope = max(bucket.verify.coef[1], 0.0)
+        bar = slope * rates[k]
+        return self._clamp([int((g[:k] > bar).sum()) for g in gains], drafting)
+
+    def _clamp(self, ks: list[int], drafting: list[bool]) -> list[int]:
+        """Each drafting row's k within [min_tokens, max_tokens]; 0 for the others."""
+        return [max(self.min_tokens, min(self.max_tokens, k)) if d else 0 for k, d in zip(ks, drafting)]
+
+
+class FixedBudget:
+    """``draft_budget: fixed``: always ``num_speculative_tokens`` for every row."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.chosen = Counter()
+        self.last_k = max_tokens
+
+    def observe(self, now: float, req_ids: list[str], sampled: list[int]) -> None:
+        """Nothing to learn."""
+
+    def plan(self, req_ids: list[str], drafting: list[bool]) -> list[int]:
+        return [self.max_tokens if d else 0 for d in drafting]
+
+    def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float) -> None:
+        k = max(proposed, default=0)
+        self.chosen[k] += 1
+        self.last_k = k
+
+    def forget(self, req_id: str) -> None:
+        """No per-request state."""
+
+
+def make_budget(mode: str, max_tokens: int, min_tokens: int = 0) -> AdaptiveBudget | FixedBudget:
+    """The budget policy ``draft_budget`` names."""
+    return AdaptiveBudget(max_tokens, min_tokens) if mode == "adaptive" else FixedBudget(max_tokens)

@@ -23,9 +23,6 @@ class DraftExecutor(Protocol):
         ``None`` when this step must run without drafts. May raise; the proposer
         then runs the step undrafted and calls :meth:`reset`."""
 
-    def budget(self) -> int:
-        """Target tokens to propose per request this step."""
-
     def drop(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request."""
 
@@ -48,9 +45,6 @@ class InProcessExecutor:
     def step(self, batch: StepBatch, live: set[str]) -> StepDrafts:
         self.engine.keep_only(live)
         return self.engine.step(batch)
-
-    def budget(self) -> int:
-        return self.engine.k
 
     def drop(self, req_id: str) -> None:
         self.engine.drop(req_id)

@@ -66,6 +66,19 @@ class StepDrafts:
         """Row ``row``'s q rows per proposal (-1: none)."""
         return self.q_index[row] if self.q is not None else [-1] * len(self.ids[row])
 
+    def truncate(self, lengths: list[int]) -> None:
+        """Keep row i's first ``lengths[i]`` proposals. A prefix of a draft is a draft
+        drawn the same way, so every rule verifies it as losslessly; the q rows of the
+        dropped proposals are simply never read."""
+        for row, n in enumerate(lengths):
+            if len(self.ids[row]) <= n:
+                continue
+            self.ids[row] = self.ids[row][:n]
+            if self.q is not None:
+                self.q_index[row] = self.q_index[row][:n]
+            if row in self.force_reject:
+                self.force_reject[row] = self.force_reject[row][:n]
+
     def select(self, rows: list[int]) -> "StepDrafts":
         """The drafts of ``rows`` only, renumbered in that order."""
         where = {r: i for i, r in enumerate(rows)}
@@ -167,6 +180,8 @@ class DrafterStats:
     ray_restarts: int = 0
     ray_undrafted_steps: int = 0
     budget_sum: int = 0
+    budget_steps: int = 0
+    undrafted_steps: int = 0
 
     def as_metrics(self) -> dict[str, float]:
         """The counters under their ``hetero:*`` metric names."""
@@ -192,4 +207,7 @@ class DrafterStats:
             "ray_timeouts": self.ray_timeouts,
             "ray_restarts": self.ray_restarts,
             "ray_undrafted_steps": self.ray_undrafted_steps,
+            "draft_length_sum": self.budget_sum,
+            "budget_steps": self.budget_steps,
+            "undrafted_steps": self.undrafted_steps,
         }

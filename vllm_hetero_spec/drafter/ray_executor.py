@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from vllm_hetero_spec.config import HeteroSettings
-from vllm_hetero_spec.drafter.budget import DraftBudget
 from vllm_hetero_spec.drafter.engine import DraftEngine
 from vllm_hetero_spec.drafter.messages import DrafterStats, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.pipeline import PipelinedDrafter
@@ -44,13 +43,11 @@ MAX_BACKOFF_S = 30.0
 
 @dataclass
 class ActorReply:
-    """One step's answer: the drafts, the actor's counters, and the drafter work (time
-    and sequential forwards) done since the previous step, for the budget."""
+    """One step's answer: the drafts, the actor's counters, and the errors of pipelined
+    drafting since the previous step."""
 
     drafts: StepDrafts
     stats: DrafterStats
-    busy_s: float
-    forwards: int
     errors: list[str]
 
 
@@ -70,8 +67,6 @@ class DraftActor:
         self._lock = threading.Lock()
         self._step_waiting = threading.Event()
         self._free_since: float | None = None
-        self._busy_s = 0.0
-        self._forwards_seen = 0
         self._errors: list[str] = []
 
     def ready(self) -> dict[str, Any]:
@@ -89,14 +84,11 @@ class DraftActor:
             self.engine.stats.actor_idle_s += max(0.0, t - self._free_since)
 
     def _step(self, batch: StepBatch, live: set[str], drops: list[str]) -> ActorReply:
-        t0 = time.perf_counter()
-        self._idle_until(t0)
+        self._idle_until(time.perf_counter())
         self.pipe.keep_only(live - set(drops))
         drafts = self.pipe.step(batch)
-        self._busy_s += time.perf_counter() - t0
-        forwards = self.engine.stats.draft_forwards - self._forwards_seen
-        reply = ActorReply(drafts, self.engine.snapshot_stats(), self._busy_s, forwards, self._errors)
-        self._busy_s, self._forwards_seen, self._errors = 0.0, self.engine.stats.draft_forwards, []
+        reply = ActorReply(drafts, self.engine.snapshot_stats(), self._errors)
+        self._errors = []
         self._free_since = time.perf_counter()
         return reply
 
@@ -108,8 +100,7 @@ class DraftActor:
             self._speculate()
 
     def _speculate(self) -> None:
-        t0 = time.perf_counter()
-        self._idle_until(t0)
+        self._idle_until(time.perf_counter())
         try:
             self.pipe.speculate(self._step_waiting.is_set)
         except Exception:
@@ -119,7 +110,6 @@ class DraftActor:
             self.engine.stats.pipeline_errors += 1
             self._errors.append(traceback.format_exc())
         self._free_since = time.perf_counter()
-        self._busy_s += self._free_since - t0
 
     def reset(self) -> None:
         with self._lock:
@@ -141,7 +131,7 @@ def _add(a: DrafterStats, b: DrafterStats) -> DrafterStats:
 
 
 class RayExecutor:
-    """Client side: owns the actor, the timeouts, restarts and the draft budget."""
+    """Client side: owns the actor, the timeouts and restarts."""
 
     def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0):
         ray = self._ray = _import_ray()
@@ -166,8 +156,6 @@ class RayExecutor:
             num_cpus=settings.ray_num_cpus, max_restarts=0, max_task_retries=0, max_concurrency=2,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(settings.ray_threads)}},
         )(DraftActor)
-        self._budget = DraftBudget(settings.min_speculative_tokens, settings.num_speculative_tokens) \
-            if settings.draft_budget == "adaptive" else None
         self._base = DrafterStats()  # counters of replaced actors
         self._actor_stats = DrafterStats()  # the live actor's latest counters
         self._own = DrafterStats()  # kept here: waits, timeouts, restarts
@@ -255,17 +243,10 @@ class RayExecutor:
 
     # -- DraftExecutor ----------------------------------------------------------------
 
-    def budget(self) -> int:
-        if self._budget is None:
-            return self.settings.num_speculative_tokens
-        return self._budget.tokens
-
     def step(self, batch: StepBatch, live: set[str]) -> StepDrafts | None:
         now = time.perf_counter()
         if self._prev_end is not None:
             self._own.ray_target_s += now - self._prev_end
-            if self._budget is not None:
-                self._budget.observe_target(now - self._prev_end)
         self._prev_end = None
         if not self._available():
             self._own.ray_undrafted_steps += 1
@@ -291,11 +272,8 @@ class RayExecutor:
         self._actor_stats = reply.stats
         for error in reply.errors:
             logger.warning("hetero spec: pipelined drafting failed in the actor (drafts are made on demand):\n%s", error)
-        if self._budget is not None:
-            self._budget.observe_draft(reply.busy_s, reply.forwards)
         end = time.perf_counter()
         self._own.ray_wait_s += end - now
-        self._own.budget_sum += self.budget()
         self._prev_end = end
         return reply.drafts
 
@@ -316,7 +294,6 @@ class RayExecutor:
             ray_timeouts=own.ray_timeouts,
             ray_restarts=own.ray_restarts,
             ray_undrafted_steps=own.ray_undrafted_steps,
-            budget_sum=own.budget_sum,
             request_states=self._actor_stats.request_states,
             state_bytes=self._actor_stats.state_bytes,
         )
