@@ -1,0 +1,151 @@
+"""The adaptive draft budget against plain decoding and every fixed k, in one run.
+
+On the headline pair, per (temperature, batch size): plain decoding, vLLM's built-in
+heterogeneous TLI, ours with the adaptive budget (k chosen per step and request in
+0..k_max), and ours at fixed k. Batch 1 sweeps the fixed k over ``--fixed-k``; larger
+batches run k = 4 only (the configuration that loses there). Plain and adaptive at the
+first cell are repeated (``--repeats``) to show the run-to-run spread.
+
+    .venv/bin/python benchmarks/adaptive_budget.py
+
+Writes benchmarks/results/adaptive_budget.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+from report import fmt, median
+
+from vllm_hetero_spec.evaluation import run_isolated
+from vllm_hetero_spec.models import ensure_model
+from vllm_hetero_spec.prompts import chat_prompts, spec_bench_questions
+
+OUT = Path(__file__).parent / "results"
+NAME = "adaptive_budget"
+
+
+def cases(draft: str, algorithm: str, k_max: int, fixed: list[int], builtin: bool) -> list[tuple[str, dict | None]]:
+    ours = {"method": "hetero", "model": draft, "algorithm": algorithm}
+    out: list[tuple[str, dict | None]] = [
+        ("plain", None),
+        (f"ours {algorithm} adaptive (k <= {k_max})", {**ours, "num_speculative_tokens": k_max}),
+    ]
+    out += [(f"ours {algorithm} fixed k={k}", {**ours, "num_speculative_tokens": k, "draft_budget": "fixed"})
+            for k in fixed]
+    if builtin:
+        out.append(("vllm built-in TLI k=4", {"method": "draft_model", "model": draft, "num_speculative_tokens": 4,
+                                              "use_heterogeneous_vocab": True}))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="smollm2-135m")
+    ap.add_argument("--algorithm", default="tli")
+    ap.add_argument("--k-max", type=int, default=8)
+    ap.add_argument("--fixed-k", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--batch1-prompts", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2, help="runs of plain and adaptive in the first cell")
+    args = ap.parse_args()
+
+    target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
+    prompts = chat_prompts(target, spec_bench_questions(max(args.batch_sizes + [args.batch1_prompts])))
+    meta = {"args": vars(args), "machine": f"{platform.machine()} {platform.processor()}",
+            "date": time.strftime("%Y-%m-%d")}
+    rows: list[dict] = []
+    OUT.mkdir(exist_ok=True)
+    first = True
+    for bs in args.batch_sizes:
+        for temp in args.temperatures:
+            n = bs if bs > 1 else args.batch1_prompts
+            sweep = args.fixed_k if (bs == 1 and temp == args.temperatures[0]) else [4] if 4 in args.fixed_k else []
+            plain_tps = None
+            for name, spec in cases(draft, args.algorithm, args.k_max, sweep, builtin=temp == 0.0):
+                reps = args.repeats if first and (spec is None or "adaptive" in name) else 1
+                runs = []
+                for rep in range(reps):
+                    job = {"target": target, "prompts": prompts[:n], "max_tokens": args.max_tokens,
+                           "temperature": temp, "batch_size": bs, "speculative_config": spec,
+                           "request_seeds": list(range(n)), "ignore_eos": True}
+                    t0 = time.time()
+                    runs.append(run_isolated(job))
+                    print(f"T={temp} bs={bs} {name} rep={rep}: {runs[-1]['tok_per_s']:.2f} tok/s "
+                          f"{runs[-1].get('draft_lengths')} ({time.time() - t0:.0f}s wall)", flush=True)
+                tps = median([r["tok_per_s"] for r in runs])
+                if spec is None:
+                    plain_tps = tps
+                rows.append({
+                    "config": name, "temperature": temp, "batch_size": bs, "runs": [r["tok_per_s"] for r in runs],
+                    "tok_per_s": tps, "speedup": tps / plain_tps,
+                    "acceptance_rate": median([r["acceptance_rate"] for r in runs]),
+                    "mean_acceptance_length": median([r["mean_acceptance_length"] for r in runs]),
+                    "draft_lengths": runs[-1].get("draft_lengths"),
+                })
+                (OUT / f"{NAME}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+                (OUT / f"{NAME}.md").write_text(to_markdown(rows, args))
+            first = False
+    plot(rows)
+    print(to_markdown(rows, args))
+
+
+def _lengths(d: dict | None) -> str:
+    if not d:
+        return "-"
+    total = sum(d.values())
+    return " ".join(f"{k}:{100 * v / total:.0f}%" for k, v in d.items())
+
+
+def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
+    lines = [
+        f"Target {args.target} (float32), draft {args.draft}, {args.algorithm}, {args.max_tokens} tokens per request "
+        f"(EOS ignored), Spec-Bench prompts; batch 1 runs {args.batch1_prompts} prompts one at a time. "
+        "Draft lengths: share of steps per chosen draft length (the longest any request got that step). "
+        "Several runs: their tok/s listed, the median used. `benchmarks/adaptive_budget.py`.",
+        "",
+        "| T | batch | configuration | tok/s (runs) | speedup | acceptance | mean acc. length | draft lengths |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        runs = " / ".join(f"{x:.2f}" for x in r["runs"])
+        lines.append(
+            f"| {r['temperature']} | {r['batch_size']} | {r['config']} | {runs} | {r['speedup']:.2f}x | "
+            f"{fmt(r['acceptance_rate'], '.1%')} | {fmt(r['mean_acceptance_length'], '.2f')} | "
+            f"{_lengths(r['draft_lengths'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict]) -> None:
+    """Speedup per configuration, one panel per (T, batch)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = sorted({(r["temperature"], r["batch_size"]) for r in rows}, key=lambda c: (c[1], c[0]))
+    fig, axes = plt.subplots(1, len(cells), figsize=(3.2 * len(cells), 3.6), sharey=True, squeeze=False)
+    for ax, (temp, bs) in zip(axes[0], cells):
+        cell = [r for r in rows if r["temperature"] == temp and r["batch_size"] == bs and r["config"] != "plain"]
+        labels = [r["config"].replace("ours ", "").replace(" (k <= ", "\n(k<=") for r in cell]
+        colors = ["tab:green" if "adaptive" in r["config"] else "tab:gray" if "vllm" in r["config"] else "tab:blue"
+                  for r in cell]
+        ax.bar(range(len(cell)), [r["speedup"] for r in cell], color=colors)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(range(len(cell)), labels, rotation=70, fontsize=7)
+        ax.set_title(f"T={temp}, batch {bs}", fontsize=9)
+    axes[0][0].set_ylabel("speedup over plain decoding")
+    fig.tight_layout()
+    fig.savefig(OUT / f"{NAME}.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
