@@ -5,7 +5,9 @@ per-request caches) is no longer in the package; this benchmark loads it from th
 history (``LEGACY_COMMIT``) into a temporary module, so both run in the same process on
 the same weights. Each batch size b: b requests with a ``--context``-token prompt
 (prefilled, not timed), then ``--steps`` decode forwards of one token per request, the
-drafter's per-step work in a draft loop. Median of ``--repeats``.
+drafter's per-step work in a draft loop. Median of ``--repeats``. The new drafter also
+runs in each of ``--new-dtypes`` (the draft dtype is independent of the target's and
+never changes outputs, only acceptance and speed).
 
     .venv/bin/python benchmarks/drafter_speed.py            # -> results/drafter_speed.{json,md}
 
@@ -29,7 +31,7 @@ import torch
 from report import median
 
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
-from vllm_hetero_spec.models import ensure_model
+from vllm_hetero_spec.harness.models import ensure_model
 
 OUT = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,34 +79,38 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--new-dtypes", nargs="+", default=["float32", "bfloat16"])
     args = ap.parse_args()
     draft = str(ensure_model(args.draft))
-    new = DraftModelRuntime(RuntimeConfig(draft, torch.float32, kv_pool_mb=1024))
+    news = {d: DraftModelRuntime(RuntimeConfig(draft, getattr(torch, d), kv_pool_mb=1024)) for d in args.new_dtypes}
     old = load_legacy()(draft, torch.float32)
     rows = []
     for b in args.batch_sizes:
         t_old = median([time_runtime(old, b, args.context, args.steps) for _ in range(args.repeats)])
-        t_new = median([time_runtime(new, b, args.context, args.steps) for _ in range(args.repeats)])
-        rows.append({
-            "batch_size": b, "old_ms_per_forward": 1e3 * t_old, "new_ms_per_forward": 1e3 * t_new,
-            "old_ms_per_draft_token": 1e3 * t_old / b, "new_ms_per_draft_token": 1e3 * t_new / b,
-            "speedup": t_old / t_new,
-        })
-        print(rows[-1], flush=True)
+        for dtype, new in news.items():
+            t_new = median([time_runtime(new, b, args.context, args.steps) for _ in range(args.repeats)])
+            rows.append({
+                "batch_size": b, "new_dtype": dtype, "old_ms_per_forward": 1e3 * t_old,
+                "new_ms_per_forward": 1e3 * t_new, "old_ms_per_draft_token": 1e3 * t_old / b,
+                "new_ms_per_draft_token": 1e3 * t_new / b, "speedup": t_old / t_new,
+            })
+            print(rows[-1], flush=True)
     OUT.mkdir(exist_ok=True)
     meta = {"args": vars(args), "machine": f"{platform.machine()} {platform.processor()}",
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d")}
     (OUT / "drafter_speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [
-        f"Draft model {args.draft}, float32, {torch.get_num_threads()} threads, {args.context}-token contexts, "
-        f"one decode token per request per forward, median of {args.repeats} x {args.steps} forwards.",
+        f"Draft model {args.draft}; the old (transformers) drafter in float32, the vLLM-native one in the dtype "
+        f"shown; {torch.get_num_threads()} threads, {args.context}-token contexts, one decode token per request per "
+        f"forward, median of {args.repeats} x {args.steps} forwards. `benchmarks/drafter_speed.py`.",
         "",
-        "| batch | transformers drafter ms/forward | vLLM-native drafter ms/forward | old ms/draft token | new ms/draft token | speedup |",
-        "|---|---|---|---|---|---|",
+        "| batch | new dtype | transformers drafter ms/forward | vLLM-native drafter ms/forward | old ms/draft token "
+        "| new ms/draft token | speedup |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['batch_size']} | {r['old_ms_per_forward']:.1f} | {r['new_ms_per_forward']:.1f} | "
+            f"| {r['batch_size']} | {r['new_dtype']} | {r['old_ms_per_forward']:.1f} | {r['new_ms_per_forward']:.1f} | "
             f"{r['old_ms_per_draft_token']:.2f} | {r['new_ms_per_draft_token']:.2f} | {r['speedup']:.2f}x |"
         )
     (OUT / "drafter_speed.md").write_text("\n".join(lines) + "\n")

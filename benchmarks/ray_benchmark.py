@@ -23,9 +23,9 @@ from pathlib import Path
 
 from report import fmt, median
 
-from vllm_hetero_spec.evaluation import run_isolated
-from vllm_hetero_spec.models import ensure_model
-from vllm_hetero_spec.prompts import chat_prompts, spec_bench_questions
+from vllm_hetero_spec.harness.evaluation import run_isolated
+from vllm_hetero_spec.harness.models import ensure_model
+from vllm_hetero_spec.harness.prompts import chat_prompts, spec_bench_questions
 
 OUT = Path(__file__).parent / "results"
 

@@ -25,10 +25,10 @@ import threading
 import time
 from pathlib import Path
 
-from vllm_hetero_spec.evaluation import default_env
-from vllm_hetero_spec.models import ensure_model
-from vllm_hetero_spec.prompts import SPEC_BENCH
-from vllm_hetero_spec.server_process import ServerProcess, vllm_command
+from vllm_hetero_spec.harness.evaluation import default_env
+from vllm_hetero_spec.harness.models import ensure_model
+from vllm_hetero_spec.harness.prompts import SPEC_BENCH
+from vllm_hetero_spec.harness.server_process import ServerProcess, vllm_command
 
 OUT = Path(__file__).parent / "results"
 

@@ -45,7 +45,7 @@ def child(job: dict) -> None:
     """Run ``job`` with the runner's methods timed; print the result and the per-call times."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from vllm_hetero_spec.evaluation import run_job
+    from vllm_hetero_spec.harness.evaluation import run_job
 
     calls: dict[str, list[float]] = {name: [] for name in TIMED}
     for name in TIMED:
@@ -67,7 +67,7 @@ def child(job: dict) -> None:
 
 def run(job: dict) -> dict:
     """``child(job)`` in a fresh process (default environment of the test harness)."""
-    from vllm_hetero_spec.evaluation import default_env
+    from vllm_hetero_spec.harness.evaluation import default_env
 
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], capture_output=True, text=True,
                           env=default_env(), timeout=3600)
@@ -139,8 +139,8 @@ def main() -> None:
         child(json.loads(args.child))
         return
 
-    from vllm_hetero_spec.models import ensure_model
-    from vllm_hetero_spec.prompts import chat_prompts, spec_bench_questions
+    from vllm_hetero_spec.harness.models import ensure_model
+    from vllm_hetero_spec.harness.prompts import chat_prompts, spec_bench_questions
 
     target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
     questions = spec_bench_questions(max(args.batch_sizes + [4]))

@@ -40,5 +40,5 @@ if ! "$PY" -c "import vllm_hetero_spec, pytest, xdist, hypothesis, scipy, gguf, 
 fi
 
 if [ "$#" -gt 0 ]; then
-  "$PY" -m vllm_hetero_spec.models "$@"
+  "$PY" -m vllm_hetero_spec.harness.models "$@"
 fi

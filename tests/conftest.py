@@ -18,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _model(name: str) -> str:
-    from vllm_hetero_spec.models import ensure_model
+    from vllm_hetero_spec.harness.models import ensure_model
 
     return str(ensure_model(name))
 
@@ -61,3 +61,11 @@ def _seed_every_draw(request: pytest.FixtureRequest) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed)
     random.seed(seed)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under ``tests/e2e/`` starts real engines: mark it ``e2e``, so the fast
+    lane (``-m "not e2e"``) leaves it out without each file having to say so."""
+    for item in items:
+        if "e2e" in item.path.parent.parts[-1:]:
+            item.add_marker(pytest.mark.e2e)

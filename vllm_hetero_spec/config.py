@@ -9,30 +9,36 @@ A user writes one JSON (``--speculative-config hetero.json`` or
 ``method: hetero`` marks it as ours; our keys are taken out, checked here (every error
 names the key and the fix), and the rest is handed to vLLM as a ``custom_class``
 proposer, with our settings travelling to the workers in ``additional_config``.
+
+Every key is declared once, as a field of :class:`HeteroSettings` made with
+:func:`setting`: its default, the check its value must pass, the fix an error
+suggests, its help text, and which algorithms or executor it applies to. Parsing, the
+errors and the key table in ``docs/configuration.md`` (:func:`keys_table`) all read
+those declarations. Parsing has no side effects: a short model name is fetched at
+start-up (``startup.prepare``), not here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_hetero_spec.harness.models import MODELS
 from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES
 
 METHOD = "hetero"
 ADDITIONAL_CONFIG_KEY = "hetero_spec"
 PROPOSER_CLASS = "vllm_hetero_spec.proposer.HeteroProposer"
 ALGORITHMS = ("slem", "tli", "dtw", "union", "fsd", "slrs")
-DTW_VERIFY = ("lossless", "faithful")
-DTYPES = ("float32", "bfloat16", "float16")
-EXECUTORS = ("inprocess", "ray")
-BUDGETS = ("fixed", "adaptive")
+MODEL_NAMES = tuple(MODELS)  # short names of the models the harness builds from PyPI wheels
 
 
 class HeteroConfigError(ValueError):
@@ -40,89 +46,149 @@ class HeteroConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class HeteroSettings:
-    """Everything the proposer and sampler need, after validation.
+class Check:
+    """What a key's value must be: ``test`` decides, ``text`` says it in an error."""
 
-    Attributes:
-        algorithm: one of :data:`ALGORITHMS`: ``slem`` (string-level exact match),
-            ``tli`` (token-level intersection with probabilistic drafting), ``dtw``
-            (TokenTiming), ``union`` (the union-of-vocabularies baseline), ``fsd``
-            (fuzzy speculative decoding, lossy by design) or ``slrs`` (string-level
-            rejection sampling of the first target token).
-        draft_model: resolved path of the draft model folder.
-        draft_tokenizer: path of the draft tokenizer (defaults to the model's).
-        num_speculative_tokens: k, the most target tokens proposed per step.
-        max_draft_tokens: draft-model tokens generated per step for ``slem`` (their text
-            is re-tokenized into at most k target tokens); defaults to k.
-        lookbehind: tokens re-encoded behind the new text when re-tokenizing.
-        draft_dtype: the drafter's dtype.
-        min_shared_tokens: fewer shared token strings than this means the pair has no
-            usable overlap and start-up fails.
-        draft_stop_prob: stop drafting a request for this step once the drafter's own
-            probability of its latest token falls below this (0 = always draft the full
-            budget). Decided from draft-side information only, so verification stays
-            lossless; it saves drafter time on drafts the target would likely reject.
-        dtw_window: Sakoe-Chiba band of the ``dtw`` alignment (0 = no band).
-        dtw_verify: ``lossless`` (one-hot proposals: exact) or ``faithful`` (the
-            TokenTiming paper's transferred probabilities: approximately lossless).
-        fsd_threshold: ``fsd``: tau, in nats (``tv``: a probability); a draft position
-            with D(p, q) <= tau is accepted outright. 0 = lossless verification. A request
-            overrides it with ``SamplingParams(extra_args={"fsd_threshold": x})``.
-        fsd_divergence: ``fsd``: D, one of ``verify.divergence.DIVERGENCE_NAMES``.
-        fsd_topk: ``fsd``: k of the ``*_topk`` divergences.
-        slrs_max_nodes: ``slrs``: drafter evaluations per request per step for psi (the
-            work cap); candidates whose psi does not fit are left out of C.
-        slrs_candidates: ``slrs``: first-target-token candidates considered per step.
-        slrs_min_prob: ``slrs``: psi leaves out draft paths whose probability is below
-            this (0 = exact psi).
-        executor: ``inprocess`` (draft in the engine's process) or ``ray`` (draft in a
-            Ray actor on CPU cores while the target verifies: ``drafter/ray_executor.py``).
-        ray_address: ``ray``: an existing cluster to join (e.g. ``"auto"`` or
-            ``"ray://head:10001"``); unset starts a local one owned by the engine.
-        ray_num_cpus: ``ray``: CPUs reserved for the actor (and the local cluster's size).
-        ray_threads: ``ray``: torch threads in the actor (defaults to ``ray_num_cpus``).
-        ray_timeout_s: ``ray``: the longest a step waits for the actor; a later answer
-            means that step runs without drafts, and an actor silent for four times
-            this is restarted.
-        pipeline: ``ray``: draft step n + 1 while the target verifies step n.
-        max_branches: ``ray`` pipelining: most bonus-token branches drafted per request
-            (DuoDecoding's dynamic multi-sequence drafting; 1 = a single sequence).
-        draft_budget: ``adaptive`` (each step, per request, the draft length 0..k that
-            maximises expected tokens per second under a cost model fitted online, see
-            ``drafter/budget.py``) or ``fixed`` (always ``num_speculative_tokens``).
-        min_speculative_tokens: the adaptive budget's floor (0: it may skip drafting).
-        draft_kv_pool_mb: the drafter's paged KV pool, in MiB, reserved once on the
-            target's device (``drafter/paged_kv.py``); a request that finds it full
-            runs undrafted (counted) until blocks free up.
+    test: Callable[[Any], bool]
+    text: str
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def integer(minimum: int) -> Check:
+    return Check(lambda v: not isinstance(v, bool) and isinstance(v, int) and v >= minimum,
+                 f"an integer >= {minimum}")
+
+
+def choice(*options: str) -> Check:
+    return Check(lambda v: v in options, f"one of {list(options)}")
+
+
+FRACTION = Check(lambda v: _number(v) and 0.0 <= v < 1.0, "a number in [0, 1)")
+THRESHOLD = Check(lambda v: _number(v) and v >= 0, "a finite number >= 0")
+SECONDS = Check(lambda v: _number(v) and v > 0, "a number of seconds > 0")
+BOOL = Check(lambda v: isinstance(v, bool), "true or false")
+TEXT = Check(lambda v: isinstance(v, str) and bool(v), "a non-empty string")
+PATH = Check(lambda v: isinstance(v, str) and Path(v).expanduser().exists(), "an existing folder")
+MODEL = Check(
+    lambda v: isinstance(v, str) and ((Path(v).expanduser() / "config.json").is_file() or v in MODEL_NAMES),
+    f"a model folder with config.json or one of {list(MODEL_NAMES)}",
+)
+
+
+def setting(
+    default: Any,
+    help: str,
+    check: Check,
+    fix: str,
+    *,
+    key: str | None = None,
+    default_text: str | None = None,
+    algorithms: tuple[str, ...] = (),
+    ray: bool = False,
+    required: bool = False,
+) -> Any:
+    """One key's declaration (a dataclass field with its metadata).
+
+    Args:
+        default: the value when the key is absent (``None`` with ``default_text``: a
+            default derived from other keys).
+        help: what the key means (the docs table's text).
+        check: what a value must be.
+        fix: what an error suggests, e.g. ``"e.g. 4"``.
+        key: the JSON key, when it differs from the field name.
+        algorithms: the algorithms it applies to (empty: all).
+        ray: it applies with ``"executor": "ray"`` only.
+        required: the config must give it.
     """
+    meta = {"help": help, "check": check, "fix": fix, "key": key, "default_text": default_text,
+            "algorithms": algorithms, "ray": ray, "required": required}
+    return dataclasses.field(default=default, metadata=meta)
 
-    algorithm: str
-    draft_model: str
-    draft_tokenizer: str
-    num_speculative_tokens: int
-    max_draft_tokens: int
-    lookbehind: int = 4
-    draft_dtype: str = "float32"
-    min_shared_tokens: int = 256
-    draft_stop_prob: float = 0.0
-    dtw_window: int = 8
-    dtw_verify: str = "lossless"
-    fsd_threshold: float = 0.1
-    fsd_divergence: str = "js"
-    fsd_topk: int = 10
-    slrs_max_nodes: int = 32
-    slrs_candidates: int = 8
-    slrs_min_prob: float = 1e-3
-    executor: str = "inprocess"
-    ray_address: str | None = None
-    ray_num_cpus: int = 1
-    ray_threads: int = 1
-    ray_timeout_s: float = 5.0
-    pipeline: bool = True
-    max_branches: int = 4
-    draft_budget: str = "adaptive"
-    min_speculative_tokens: int = 0
-    draft_kv_pool_mb: int = 512
+
+@dataclass(frozen=True)
+class HeteroSettings:
+    """Everything the proposer and sampler need, after validation: one field per key,
+    declared with :func:`setting`."""
+
+    draft_model: str = setting(
+        None, "draft model folder, or a short name of a model built from PyPI wheels "
+        "(`smollm2-135m`, `gemma3-270m`, `qwen2.5-coder-0.5b`, `qwen2.5-coder-1.5b`)", MODEL,
+        "set it to the draft model's folder (or e.g. 'smollm2-135m')", key="model", required=True)
+    num_speculative_tokens: int = setting(
+        None, "k: the most target tokens proposed per request per step (also vLLM's key)", integer(1),
+        "set it to the number of draft tokens per step, e.g. 4", required=True)
+    algorithm: str = setting(
+        "slem", "the verification family ([algorithms.md](algorithms.md))", choice(*ALGORITHMS), "")
+    draft_budget: str = setting(
+        "adaptive", "`adaptive`: each step, per request, the draft length in [`min_speculative_tokens`, k] "
+        "(0 = no draft) that maximises expected tokens per second under a cost model fitted online "
+        "([algorithms.md](algorithms.md#draft-length)); `fixed`: always k", choice("adaptive", "fixed"), "")
+    min_speculative_tokens: int = setting(
+        0, "the adaptive budget's floor (0 lets it turn drafting off where it does not pay); at most k",
+        integer(0), "e.g. 0")
+    draft_tokenizer: str = setting(
+        None, "a separate tokenizer folder for the draft", PATH, "point it at a tokenizer folder or drop it",
+        default_text="the model's")
+    draft_dtype: str = setting(
+        "float32", "the drafter's weights and KV cache (independent of the target's; verification is the "
+        "target's, so the choice never changes outputs, only acceptance and speed)",
+        choice("float32", "bfloat16", "float16"), "")
+    draft_kv_pool_mb: int = setting(
+        512, "the drafter's paged KV pool (MiB), allocated once on the target's device; a request that finds "
+        "it full runs undrafted that step (`hetero:pool_full_requests_total`), never an error", integer(1),
+        "e.g. 512")
+    max_draft_tokens: int = setting(
+        None, "draft-model tokens generated per step before re-tokenizing", integer(1), "e.g. 4",
+        default_text="k", algorithms=("slem", "dtw", "slrs"))
+    lookbehind: int = setting(
+        4, "tokens re-encoded behind the newest text when re-tokenizing", integer(0), "e.g. 4")
+    min_shared_tokens: int = setting(
+        256, "start-up fails when the tokenizers share fewer token strings", integer(1), "e.g. 256")
+    draft_stop_prob: float = setting(
+        0.0, "stop drafting a request this step once the drafter's probability of its own token drops below "
+        "this; decided on the draft side only, so still lossless", FRACTION, "e.g. 0.3, or 0 to disable")
+    dtw_window: int = setting(
+        8, "Sakoe-Chiba band width of the alignment (0 = no band)", integer(0), "e.g. 8", algorithms=("dtw",))
+    dtw_verify: str = setting(
+        "lossless", "`lossless` (one-hot proposals, exact) or `faithful` (the TokenTiming paper's transferred "
+        "probabilities, approximate)", choice("lossless", "faithful"), "", algorithms=("dtw",))
+    fsd_threshold: float = setting(
+        0.1, "τ in nats (`tv`: a probability); a position with D(p, q) ≤ τ is accepted outright; 0 = lossless. "
+        "Per request: `SamplingParams(extra_args={\"fsd_threshold\": x})` or `vllm_xargs` over HTTP (a bad value: HTTP 400)",
+        THRESHOLD, "set it to e.g. 0.1 (0 makes fsd verify losslessly)", algorithms=("fsd",))
+    fsd_divergence: str = setting(
+        "js", "D: `js`, `kl` (KL(p‖q), +∞ where q = 0 < p), `tv`, or `js_topk`/`kl_topk`/`tv_topk` (over the union of both top-k "
+        "sets, each renormalized)", choice(*DIVERGENCE_NAMES), "", algorithms=("fsd",))
+    fsd_topk: int = setting(10, "k of the `*_topk` divergences", integer(1), "e.g. 10", algorithms=("fsd",))
+    slrs_max_nodes: int = setting(
+        32, "the work cap: drafter evaluations per request per step spent on psi; a candidate whose next "
+        "level does not fit is left out (`hetero:slrs_capped_candidates_total`)", integer(0), "e.g. 32",
+        algorithms=("slrs",))
+    slrs_candidates: int = setting(
+        8, "first-target-token candidates per step", integer(1), "e.g. 8", algorithms=("slrs",))
+    slrs_min_prob: float = setting(
+        1e-3, "psi skips draft paths whose probability is below this (0 = exact psi)", FRACTION,
+        "e.g. 0.001, or 0 for exact psi", algorithms=("slrs",))
+    executor: str = setting(
+        "inprocess", "`inprocess` (draft in the engine's process) or `ray` (in a Ray actor on CPU cores, "
+        "pipelined with the target: [ray.md](ray.md))", choice("inprocess", "ray"), "")
+    ray_address: str | None = setting(
+        None, "join this cluster (`\"auto\"`, `\"ray://head:10001\"`); unset starts a local one owned by the "
+        "engine", TEXT, "e.g. 'auto', or drop it", ray=True, default_text="unset")
+    ray_num_cpus: int = setting(1, "CPUs reserved for the actor (and the local cluster's size)", integer(1),
+                                "e.g. 1", ray=True)
+    ray_threads: int = setting(None, "torch threads in the actor", integer(1), "e.g. 1", ray=True,
+                               default_text="`ray_num_cpus`")
+    ray_timeout_s: float = setting(
+        5.0, "the longest a step waits for the actor (later: the step runs undrafted); an actor silent for "
+        "4× this is restarted", SECONDS, "e.g. 5", ray=True)
+    pipeline: bool = setting(True, "draft step n + 1 while the target verifies step n", BOOL, "", ray=True)
+    max_branches: int = setting(
+        4, "most bonus-token branches per request (DuoDecoding's multi-sequence drafting; 1 = one sequence)",
+        integer(1), "e.g. 4", ray=True)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -132,25 +198,18 @@ class HeteroSettings:
         return cls(**data)
 
 
-HETERO_KEYS = (
-    "algorithm", "draft_tokenizer", "max_draft_tokens", "lookbehind", "draft_dtype", "min_shared_tokens",
-    "draft_stop_prob", "dtw_window", "dtw_verify", "fsd_threshold", "fsd_divergence", "fsd_topk",
-    "slrs_max_nodes", "slrs_candidates", "slrs_min_prob", "executor", "ray_address", "ray_num_cpus", "ray_threads",
-    "ray_timeout_s", "pipeline", "max_branches", "draft_budget", "min_speculative_tokens",
-    "draft_kv_pool_mb",
-)
+FIELDS = tuple(f for f in dataclasses.fields(HeteroSettings))
+
+
+def key_of(f: dataclasses.Field) -> str:
+    """The JSON key of a settings field."""
+    return f.metadata["key"] or f.name
+
+
+HETERO_KEYS = tuple(key_of(f) for f in FIELDS)
+
+
 FSD_THRESHOLD_ARG = "fsd_threshold"
-
-
-def _is_threshold(value: Any) -> bool:
-    """A finite number >= 0 (JSON and extra_args give ints or floats; bools are not numbers here)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        number = float(value)
-    except OverflowError:
-        return False
-    return math.isfinite(number) and number >= 0
 
 
 def request_fsd_threshold(extra_args: Mapping[str, Any] | None, default: float) -> float:
@@ -162,7 +221,7 @@ def request_fsd_threshold(extra_args: Mapping[str, Any] | None, default: float) 
     if not extra_args or FSD_THRESHOLD_ARG not in extra_args:
         return default
     value = extra_args[FSD_THRESHOLD_ARG]
-    if not _is_threshold(value):
+    if not THRESHOLD.test(value):
         raise ValueError(
             f"extra_args['{FSD_THRESHOLD_ARG}'] must be a finite number >= 0, got {value!r}; "
             "e.g. 0.1, or 0 for lossless verification"
@@ -193,141 +252,85 @@ def is_hetero(spec: dict[str, Any] | None) -> bool:
     return bool(spec) and spec.get("method") == METHOD
 
 
-def _int(spec: dict[str, Any], key: str, default: int | None, minimum: int) -> int:
-    value = spec.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise HeteroConfigError(f"'{key}' must be an integer >= {minimum}, got {value!r}; set '{key}' to e.g. {max(minimum, 4)}")
-    return value
+def _error(f: dataclasses.Field, value: Any) -> HeteroConfigError:
+    check, fix = f.metadata["check"], f.metadata["fix"]
+    if check.text.startswith("one of"):
+        return HeteroConfigError(f"'{key_of(f)}' = {value!r} is not supported; choose {check.text}")
+    return HeteroConfigError(f"'{key_of(f)}' must be {check.text}, got {value!r}" + (f"; {fix}" if fix else ""))
 
 
-def _fraction(spec: dict[str, Any], key: str, default: float, hint: str) -> float:
-    """Pop ``key``: a number in [0, 1) (bools are not numbers here)."""
-    value = spec.pop(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise HeteroConfigError(f"'{key}' must be a number in [0, 1), got {value!r}; {hint}")
-    return float(value)
+def _canonical(spec: Mapping[str, Any]) -> str:
+    return json.dumps(spec, sort_keys=True, default=str)
 
 
-def _executor_settings(spec: dict[str, Any], k: int) -> dict[str, Any]:
-    """Pop and check the executor keys (see :class:`HeteroSettings`)."""
-    executor = spec.pop("executor", "inprocess")
-    if executor not in EXECUTORS:
-        raise HeteroConfigError(f"'executor' = {executor!r} is not supported; choose one of {list(EXECUTORS)}")
-    ray_keys = ("ray_address", "ray_num_cpus", "ray_threads", "ray_timeout_s", "pipeline", "max_branches")
-    if executor != "ray":
-        for key in ray_keys:
-            if key in spec:
-                raise HeteroConfigError(f"'{key}' only applies with 'executor': 'ray'; set 'executor' to 'ray' or drop '{key}'")
-    elif importlib.util.find_spec("ray") is None:
+def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]]:
+    """Split a ``method: hetero`` spec into our settings and the dict vLLM should get.
+    Parsed once per process per spec (``vllm serve`` checks it at argument parsing and
+    again when it builds the engine): the answer is cached."""
+    settings, vllm_spec = _parse(_canonical(spec))
+    return settings, dict(vllm_spec)
+
+
+@functools.lru_cache(maxsize=16)
+def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
+    spec = json.loads(canonical)
+    values: dict[str, Any] = {}
+    for f in FIELDS:
+        key, meta = key_of(f), f.metadata
+        present = key in spec and spec[key] is not None
+        if key == "ray_address" and key in spec:
+            present = True  # null is not an address either
+        if not present:
+            if meta["required"]:
+                raise HeteroConfigError(f"'{key}' is required; {meta['fix']}")
+            values[f.name] = f.default
+            continue
+        if meta["ray"] and spec.get("executor", "inprocess") != "ray":
+            raise HeteroConfigError(f"'{key}' only applies with 'executor': 'ray'; set 'executor' to 'ray' or drop '{key}'")
+        value = spec[key]
+        if not meta["check"].test(value):
+            raise _error(f, value)
+        values[f.name] = float(value) if isinstance(f.default, float) else value
+    k = values["num_speculative_tokens"]
+    if values["min_speculative_tokens"] > k:
+        raise HeteroConfigError(
+            f"'min_speculative_tokens' = {values['min_speculative_tokens']} exceeds 'num_speculative_tokens' = {k}; "
+            f"lower it to at most {k}"
+        )
+    if values["executor"] == "ray" and importlib.util.find_spec("ray") is None:
         raise HeteroConfigError(
             "'executor' = 'ray' needs Ray, which is not installed; pip install 'vllm_hetero_spec[ray]' "
             "(ray>=2.60), or set 'executor' to 'inprocess'"
         )
-    address = spec.pop("ray_address", None)
-    if address is not None and (not isinstance(address, str) or not address):
-        raise HeteroConfigError(f"'ray_address' must be a Ray address string, got {address!r}; e.g. 'auto', or drop it")
-    num_cpus = _int(spec, "ray_num_cpus", 1, 1)
-    timeout = spec.pop("ray_timeout_s", 5.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-        raise HeteroConfigError(f"'ray_timeout_s' must be a number of seconds > 0, got {timeout!r}; e.g. 5")
-    pipeline = spec.pop("pipeline", True)
-    if not isinstance(pipeline, bool):
-        raise HeteroConfigError(f"'pipeline' must be true or false, got {pipeline!r}")
-    budget = spec.pop("draft_budget", "adaptive")
-    if budget not in BUDGETS:
-        raise HeteroConfigError(f"'draft_budget' = {budget!r} is not supported; choose one of {list(BUDGETS)}")
-    min_tokens = _int(spec, "min_speculative_tokens", 0, 0)
-    if min_tokens > k:
-        raise HeteroConfigError(
-            f"'min_speculative_tokens' = {min_tokens} exceeds 'num_speculative_tokens' = {k}; lower it to at most {k}"
-        )
-    return {
-        "executor": executor,
-        "ray_address": address,
-        "ray_num_cpus": num_cpus,
-        "ray_threads": _int(spec, "ray_threads", num_cpus, 1),
-        "ray_timeout_s": float(timeout),
-        "pipeline": pipeline,
-        "max_branches": _int(spec, "max_branches", 4, 1),
-        "draft_budget": budget,
-        "min_speculative_tokens": min_tokens,
-    }
+    model = values["draft_model"]
+    if (Path(model).expanduser() / "config.json").is_file():
+        values["draft_model"] = str(Path(model).expanduser())
+    values["draft_tokenizer"] = values["draft_tokenizer"] or values["draft_model"]
+    values["max_draft_tokens"] = values["max_draft_tokens"] or k
+    values["ray_threads"] = values["ray_threads"] or values["ray_num_cpus"]
+    ours = set(HETERO_KEYS) - {"num_speculative_tokens"}
+    vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS,
+                 **{key: v for key, v in spec.items() if key not in ours and key != "method"}}
+    return HeteroSettings(**values), vllm_spec
 
 
-def resolve_model(name: str) -> str:
-    """A folder path, or the short name of a model we can build from PyPI wheels."""
-    path = Path(name).expanduser()
-    if (path / "config.json").is_file():
-        return str(path)
-    from vllm_hetero_spec import models
-
-    if name in models.MODELS:
-        return str(models.ensure_model(name))
-    raise HeteroConfigError(
-        f"'model' = {name!r} is neither a model folder with config.json nor one of "
-        f"{sorted(models.MODELS)}; set 'model' to the draft model's local folder"
-    )
+def with_model_path(settings: HeteroSettings, path: str) -> HeteroSettings:
+    """The settings with a short model name replaced by its built folder (at start-up)."""
+    tokenizer = path if settings.draft_tokenizer == settings.draft_model else settings.draft_tokenizer
+    return dataclasses.replace(settings, draft_model=path, draft_tokenizer=tokenizer)
 
 
-def parse_settings(spec: dict[str, Any]) -> tuple[HeteroSettings, dict[str, Any]]:
-    """Split a ``method: hetero`` spec into our settings and the dict vLLM should get."""
-    spec = dict(spec)
-    algorithm = spec.pop("algorithm", "slem")
-    if algorithm not in ALGORITHMS:
-        raise HeteroConfigError(f"'algorithm' = {algorithm!r} is not supported; choose one of {list(ALGORITHMS)}")
-    if "num_speculative_tokens" not in spec:
-        raise HeteroConfigError("'num_speculative_tokens' is required; set it to the number of draft tokens per step (e.g. 4)")
-    k = _int(spec, "num_speculative_tokens", None, 1)
-    if not spec.get("model"):
-        raise HeteroConfigError("'model' is required; set it to the draft model's folder (or e.g. 'smollm2-135m')")
-    draft_model = resolve_model(str(spec.pop("model")))
-    draft_tokenizer = spec.pop("draft_tokenizer", None) or draft_model
-    if not Path(draft_tokenizer).expanduser().exists():
-        raise HeteroConfigError(f"'draft_tokenizer' = {draft_tokenizer!r} does not exist; point it at a tokenizer folder or drop it")
-    dtype = spec.pop("draft_dtype", "float32")
-    if dtype not in DTYPES:
-        raise HeteroConfigError(f"'draft_dtype' = {dtype!r} is not supported; choose one of {list(DTYPES)}")
-    dtw_verify = spec.pop("dtw_verify", "lossless")
-    if dtw_verify not in DTW_VERIFY:
-        raise HeteroConfigError(f"'dtw_verify' = {dtw_verify!r} is not supported; choose one of {list(DTW_VERIFY)}")
-    stop_prob = _fraction(spec, "draft_stop_prob", 0.0, "e.g. 0.3, or 0 to disable")
-    fsd_threshold = spec.pop("fsd_threshold", 0.1)
-    if not _is_threshold(fsd_threshold):
-        raise HeteroConfigError(
-            f"'fsd_threshold' must be a finite number >= 0, got {fsd_threshold!r}; set it to e.g. 0.1 "
-            "(0 makes fsd verify losslessly)"
-        )
-    slrs_min_prob = _fraction(spec, "slrs_min_prob", 1e-3, "e.g. 0.001, or 0 for exact psi")
-    fsd_divergence = spec.pop("fsd_divergence", "js")
-    if fsd_divergence not in DIVERGENCE_NAMES:
-        raise HeteroConfigError(
-            f"'fsd_divergence' = {fsd_divergence!r} is not supported; choose one of {list(DIVERGENCE_NAMES)}"
-        )
-    executor = _executor_settings(spec, k)
-    settings = HeteroSettings(
-        algorithm=algorithm,
-        draft_model=draft_model,
-        draft_tokenizer=str(draft_tokenizer),
-        num_speculative_tokens=k,
-        max_draft_tokens=_int(spec, "max_draft_tokens", k, 1),
-        lookbehind=_int(spec, "lookbehind", 4, 0),
-        draft_dtype=dtype,
-        min_shared_tokens=_int(spec, "min_shared_tokens", 256, 1),
-        draft_stop_prob=float(stop_prob),
-        dtw_window=_int(spec, "dtw_window", 8, 0),
-        dtw_verify=dtw_verify,
-        fsd_threshold=float(fsd_threshold),
-        fsd_divergence=fsd_divergence,
-        fsd_topk=_int(spec, "fsd_topk", 10, 1),
-        slrs_max_nodes=_int(spec, "slrs_max_nodes", 32, 0),
-        slrs_candidates=_int(spec, "slrs_candidates", 8, 1),
-        slrs_min_prob=float(slrs_min_prob),
-        draft_kv_pool_mb=_int(spec, "draft_kv_pool_mb", 512, 1),
-        **executor,
-    )
-    for key in ("max_draft_tokens", "lookbehind", "min_shared_tokens", "dtw_window", "fsd_topk", "slrs_max_nodes",
-                "slrs_candidates", "ray_num_cpus", "ray_threads", "max_branches", "min_speculative_tokens", "draft_kv_pool_mb"):
-        spec.pop(key, None)
-    spec.pop("method")
-    vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS, **spec}
-    return settings, vllm_spec
+def keys_table() -> str:
+    """The markdown table of every key, as ``docs/configuration.md`` shows it."""
+    lines = ["| key | default | applies to | meaning |", "|---|---|---|---|"]
+    for f in FIELDS:
+        meta = f.metadata
+        if meta["required"]:
+            default = "required"
+        elif meta["default_text"]:
+            default = meta["default_text"]
+        else:
+            default = f"`{json.dumps(f.default)}`"
+        scope = "`executor: ray`" if meta["ray"] else ", ".join(f"`{a}`" for a in meta["algorithms"]) or "all"
+        lines.append(f"| `{key_of(f)}` | {default} | {scope} | {meta['help']} |")
+    return "\n".join(lines) + "\n"

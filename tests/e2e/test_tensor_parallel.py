@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_hetero_spec.evaluation import run_isolated
-from vllm_hetero_spec.prompts import BRIDGE_STRESS
+from vllm_hetero_spec.harness.evaluation import run_isolated
+from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
-pytestmark = pytest.mark.e2e
 
 # The CPU build binds each worker's threads to its own cores; this machine has one NUMA node.
 ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_hetero_spec import alignment
-from vllm_hetero_spec.alignment import PackedVocab, dtw_align_batch
+from vllm_hetero_spec.vocab import alignment
+from vllm_hetero_spec.vocab.alignment import PackedVocab, dtw_align_batch
 
 VOCAB = [b"", b"a", b"b", b"ab", b"ba", b"abc", b" ", b" a", "é".encode(), "é".encode()[:1], "😀".encode(),
          b"\xf0\x9f", b"\x98\x80", b"hello", b"hel", b"lo", b" world", b"<bos>"]
@@ -100,7 +100,7 @@ def test_compiled_module_is_in_use() -> None:
 
 
 def test_transfer_probs_takes_first_aligned_draft_token() -> None:
-    from vllm_hetero_spec.dtw import transfer_probs
+    from vllm_hetero_spec.vocab.dtw import transfer_probs
 
     # draft "hel","lo"," wor","ld" vs proxy "hello"," world": two merges
     path = np.array([[0, 0], [1, 0], [2, 1], [3, 1]])

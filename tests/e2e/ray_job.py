@@ -13,8 +13,8 @@ import time
 import psutil
 from vllm import LLM, SamplingParams
 
-from vllm_hetero_spec.evaluation import RESULT_PREFIX, _find_drafter
-from vllm_hetero_spec.prompts import BRIDGE_STRESS
+from vllm_hetero_spec.harness.evaluation import RESULT_PREFIX, _find_drafter
+from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
 MAX_TOKENS = 24
 

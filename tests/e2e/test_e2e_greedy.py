@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_hetero_spec.evaluation import run_isolated
-from vllm_hetero_spec.prompts import BRIDGE_STRESS
+from vllm_hetero_spec.harness.evaluation import run_isolated
+from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
-pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 24
 

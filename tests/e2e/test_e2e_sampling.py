@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
-from vllm_hetero_spec.evaluation import run_isolated
+from vllm_hetero_spec.harness.evaluation import run_isolated
 
-pytestmark = pytest.mark.e2e
 
 N = 240
 PROMPT = "My favourite thing about the weekend is"

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 # 240 Spec-Bench prompts (Apache-2.0), shipped in the repository: data/spec_bench/README.md.
-SPEC_BENCH = Path(os.environ.get("SPEC_BENCH_PATH", Path(__file__).resolve().parents[1] / "data/spec_bench/question.jsonl"))
+SPEC_BENCH = Path(os.environ.get("SPEC_BENCH_PATH", Path(__file__).resolve().parents[2] / "data/spec_bench/question.jsonl"))
 
 
 def spec_bench_questions(n: int, per_category: int = 1) -> list[str]:

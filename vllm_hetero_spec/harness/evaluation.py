@@ -30,7 +30,7 @@ def run_isolated(job: dict[str, Any], timeout: float = 1800, env: dict[str, str]
     """Run :func:`run_job` on ``job`` in a child process (``env`` added to its
     environment) and return its result."""
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_hetero_spec.evaluation", json.dumps(job)],
+        [sys.executable, "-m", "vllm_hetero_spec.harness.evaluation", json.dumps(job)],
         capture_output=True,
         text=True,
         timeout=timeout,

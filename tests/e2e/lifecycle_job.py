@@ -8,8 +8,8 @@ import sys
 
 from vllm import LLM, SamplingParams
 
-from vllm_hetero_spec.evaluation import RESULT_PREFIX, _find_drafter
-from vllm_hetero_spec.prompts import BRIDGE_STRESS
+from vllm_hetero_spec.harness.evaluation import RESULT_PREFIX, _find_drafter
+from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
 
 def main(target: str, draft: str) -> None:

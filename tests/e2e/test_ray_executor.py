@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hetero_spec.evaluation import RESULT_PREFIX, default_env, run_isolated
-from vllm_hetero_spec.prompts import BRIDGE_STRESS
+from vllm_hetero_spec.harness.evaluation import RESULT_PREFIX, default_env, run_isolated
+from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
-pytestmark = pytest.mark.e2e
 
 JOB = Path(__file__).with_name("ray_job.py")
 

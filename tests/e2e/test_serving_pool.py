@@ -12,12 +12,10 @@ import json
 import time
 from pathlib import Path
 
-import pytest
 from _serving import complete, parallel, start, wait_for_metric
 
-from vllm_hetero_spec.prompts import BRIDGE_STRESS
+from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
-pytestmark = pytest.mark.e2e
 
 POOL_MB = 16  # about ten 32-token blocks of SmolLM2's float32 KV: a few requests' worth
 JOBS = [(BRIDGE_STRESS[i % len(BRIDGE_STRESS)], 16 + (i * 5) % 17) for i in range(32)]
