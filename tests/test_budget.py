@@ -132,7 +132,7 @@ def test_a_rarely_accepted_request_drafts_less() -> None:
     assert ks[0] >= 3 and ks[1] == 0, ks
 
 
-def test_warmup_explores_max_plain_and_one() -> None:
+def test_warmup_explores_one_plain_and_two() -> None:
     policy = AdaptiveBudget(6)
     seen = []
     for step in range(3):
@@ -140,12 +140,12 @@ def test_warmup_explores_max_plain_and_one() -> None:
         ks = policy.plan(["a"], [True])
         policy.record(["a"], ks, 0.01, step + 0.01)
         seen.append(ks[0])
-    assert seen == [6, 0, 1]
+    assert seen == [1, 0, 2]
 
 
 def test_rows_not_drafting_get_nothing_and_the_floor_holds() -> None:
     policy = AdaptiveBudget(4, min_tokens=2)
-    assert policy.plan(["a", "b"], [True, False]) == [4, 0]
+    assert policy.plan(["a", "b"], [True, False]) == [2, 0]  # warm-up k = 1, raised to the floor
     for _ in range(200):
         ks = policy.plan(["a"], [True])
         assert 2 <= ks[0] <= 4

@@ -28,7 +28,7 @@ that is rarely accepted drafts less, or not at all, while the others draft on.
 Only *steady* steps (nobody joined since the step before, nobody is prefilling)
 feed the cost models, so a prefill never passes for the cost of verification. Costs
 are exponentially weighted, acceptance counts decay, so the models follow change; and
-the policy keeps exploring: a new bucket first tries k = max, 0 and 1 (the cost line
+the policy keeps exploring: a new bucket first tries k = 1, 0 and 2 (the cost line
 needs two verification sizes and the plain cost), then every ``explore_every`` steps
 it tries a neighbour of the chosen k (alternately above and below, 0 included), which
 refreshes the cost line and the acceptance of the next position. ``fixed`` always
@@ -43,7 +43,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_WARMUP = ("max", 0, 1)  # k for a new bucket's first steps ("max": num_speculative_tokens)
+# k for a new bucket's first steps: small, because a long draft verified at a large batch
+# can cost several plain steps, and a short run (32 tokens at batch 8 is ~30 steps) cannot
+# pay that back; longer drafts are reached by the probes, one step up at a time.
+_WARMUP = (1, 0, 2)
 
 
 class LinearFit:
@@ -111,9 +114,14 @@ class VerifyCost:
         self.line.add(tokens, ema.value)
 
     def predict(self, tokens: int) -> float:
+        """Measured where seen; beyond the largest size seen, that size's cost plus the
+        line's slope (never a decreasing extrapolation); elsewhere the line."""
         if tokens in self.by_size:
             return float(self.by_size[tokens].value)
-        return self.line.predict(tokens)
+        largest = max(self.by_size)
+        if tokens > largest:
+            return float(self.by_size[largest].value) + self.slope * (tokens - largest)
+        return max(self.line.predict(tokens), 0.0)
 
     @property
     def slope(self) -> float:
@@ -285,8 +293,7 @@ class AdaptiveBudget:
         step = bucket.steps
         bucket.steps += 1
         if not self._ready(bucket):
-            k = _WARMUP[step % len(_WARMUP)]
-            k = self.max_tokens if k == "max" else k
+            k = min(_WARMUP[step % len(_WARMUP)], self.max_tokens)
             return self._clamp([k] * len(req_ids), drafting)
         gains = np.stack([np.cumprod(self.acceptance(r)) for r in req_ids]) * np.asarray(drafting)[:, None]
         rows = len(req_ids)
