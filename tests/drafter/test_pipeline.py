@@ -50,7 +50,8 @@ def _engine(engines: dict, smollm2: str, qwen05: str, algorithm: str, role: str)
     """A drafting engine with no request state and zeroed counters."""
     key = (algorithm, role)
     if key not in engines:
-        settings = HeteroSettings(algorithm, smollm2, smollm2, 4, 4, draft_kv_pool_mb=64)
+        settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2, num_speculative_tokens=4,
+                                  max_draft_tokens=4, draft_kv_pool_mb=64)
         engines[key] = DraftEngine(settings, qwen05, TARGET_VOCAB)
     engine = engines[key]
     engine.reset()

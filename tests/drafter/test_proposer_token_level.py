@@ -71,7 +71,8 @@ def _proposer(
     monkeypatch.setattr(engine_module, "DraftModelRuntime", ScriptedRuntime)
     monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: bridge)
     ScriptedRuntime.script = script
-    settings = HeteroSettings(algorithm, smollm2, smollm2, K, K, fsd_threshold=0.05, **extra)
+    settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2, num_speculative_tokens=K,
+                              max_draft_tokens=K, fsd_threshold=0.05, draft_budget="fixed", **extra)
     config = SimpleNamespace(
         additional_config={"hetero_spec": settings.to_dict()},
         model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05, seed=0),
@@ -291,3 +292,35 @@ def test_slrs_first_token_is_drawn_from_the_q_it_hands_over(monkeypatch, bridge,
     assert len(ids) >= 3
     index = {int(t): j for j, t in enumerate(ids)}
     assert_follows(torch.tensor([index[o[0]] for o in out]), law.double())
+
+
+def test_budget_lengths_reach_the_drafts_and_the_plan(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """The budget's per-row lengths: a row at 0 gets no draft (and is not drafted), a
+    row at 2 gets the first two of its proposals, and the plan (q rows, forced
+    rejections) is cut to match, so verification reads exactly what was proposed."""
+    a, b, absent = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "union", [a, b, b, absent])
+    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting: [0, 2, K])
+    params = SamplingParams(temperature=1.0, seed=3)
+    _attach(prop, {r: params for r in ("r0", "r1", "r2")}, ["r0", "r1", "r2"])
+    out = _propose(prop, qwen05, 3)
+    assert [len(o) for o in out] == [0, 2, K]
+    assert out[1] == out[2][:2]
+    assert "r0" not in prop.states  # never sent to the drafter: it syncs when it next drafts
+    plan = prop.take_verify_plan()
+    assert len(plan.q_index["r1"]) == 2 and len(plan.q_index["r2"]) == K
+    assert plan.force_reject.get("r1", [False, False]) == [False, False]
+    assert plan.force_reject["r2"] == [False, False, False, True]
+    block = plan.layout(["r0", "r1", "r2"], [0, 2, K], K, torch.device("cpu"))
+    assert block.force_reject.tolist()[1] == [False, False, False, False]
+
+
+def test_a_step_at_zero_skips_the_drafter(monkeypatch, bridge, smollm2, qwen05) -> None:
+    a, b, _ = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [a, b])
+    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting: [0] * len(req_ids))
+    _attach(prop, {"r0": SamplingParams(temperature=0.0)}, ["r0"])
+    calls = prop.executor.engine.runtime.calls
+    assert _propose(prop, qwen05, 1) == [[]]
+    assert prop.executor.engine.runtime.calls == calls and prop.take_verify_plan() is None
+    assert prop.budget.chosen[0] == 1
