@@ -54,7 +54,14 @@ class Check:
 
 
 def _number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    """A finite int or float (bools are not numbers here; an int too large for a float is
+    not finite)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def integer(minimum: int) -> Check:

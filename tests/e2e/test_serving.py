@@ -22,7 +22,7 @@ from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 from vllm_hetero_spec.harness.server_process import ServerProcess, vllm_command
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from vllm_hetero_spec import vllm_patches
 from vllm_hetero_spec.pin import VLLM_VERSION
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Target:
