@@ -113,6 +113,20 @@ MUTATIONS = [
         "col = (torch.searchsorted(self.support, tokens) + 1).clamp(max=self.support.shape[0] - 1)",
         ("tests/verify/test_rules_lossless.py",),
     ),
+    Mutation(
+        "cut-plan", "a draft cut to the budget's length keeps the q rows of the dropped proposals",
+        "vllm_hetero_spec/drafter/messages.py",
+        "                self.q_index[row] = self.q_index[row][:n]\n",
+        "",
+        ("tests/drafter/test_proposer_token_level.py", "-k", "budget"),
+    ),
+    Mutation(
+        "blind-budget", "the adaptive budget takes every draft as accepted",
+        "vllm_hetero_spec/drafter/budget.py",
+        "gains = np.stack([np.cumprod(self.acceptance(r)) for r in req_ids])",
+        "gains = np.stack([np.ones(self.max_tokens) for r in req_ids])",
+        ("tests/drafter/test_budget.py",),
+    ),
 ]
 
 

@@ -195,3 +195,13 @@ def test_bounds_are_checked() -> None:
         AdaptiveBudget(4, min_tokens=5)
     with pytest.raises(ValueError):
         AdaptiveBudget(0)
+
+
+def test_a_new_batch_size_borrows_what_is_known() -> None:
+    """A batch that shrinks into a new bucket (its requests finishing) does not warm up
+    from scratch with drafts that a neighbouring bucket has shown cannot pay."""
+    policy = AdaptiveBudget(8)
+    simulate(policy, BATCH8, [ALPHA] * 8, 200, seed=7)
+    three = ["r0", "r1", "r2"]
+    assert bucket_of(3) not in policy.buckets or not policy._ready(policy.buckets[bucket_of(3)])
+    assert policy.plan(three, [True] * 3) == [0, 0, 0]

@@ -31,9 +31,10 @@ are exponentially weighted, acceptance counts decay, so the models follow change
 the policy keeps exploring: a new bucket first tries k = 1, 0 and 2 (the cost line
 needs two verification sizes and the plain cost), then every ``explore_every`` steps
 it tries a neighbour of the chosen k (alternately above and below, 0 included), which
-refreshes the cost line and the acceptance of the next position. ``fixed`` always
-drafts ``num_speculative_tokens``. The choice never touches verification, so every
-rule stays exactly as lossless as it is at any fixed k.
+refreshes the cost line and the acceptance of the next position. A bucket not yet
+ready borrows the nearest ready bucket's costs instead of warming up from scratch.
+``fixed`` always drafts ``num_speculative_tokens``. The choice never touches
+verification, so every rule stays exactly as lossless as it is at any fixed k.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ class _Bucket:
     draft: LinearFit
     steps: int = 0
     probes: int = 0
+    rows: int = 0  # the batch size last planned here
 
 
 @dataclass
@@ -287,23 +289,45 @@ class AdaptiveBudget:
         return bucket.plain.value is not None and len(bucket.verify.by_size) >= min(2, self.max_tokens) \
             and bucket.draft.n > 0
 
+    def _model_for(self, b: int) -> _Bucket | None:
+        """The bucket whose costs decide for bucket ``b``: its own once it is ready,
+        else the nearest ready one (a server's batch size wanders across buckets, and a
+        batch that shrinks as its requests finish passes through several; each would
+        otherwise start from the warm-up again), else none."""
+        if self._ready(self._bucket(b)):
+            return self.buckets[b]
+        ready = [other for other in self.buckets if self._ready(self.buckets[other])]
+        return self.buckets[min(ready, key=lambda other: abs(other - b))] if ready else None
+
     def plan(self, req_ids: list[str], drafting: list[bool]) -> list[int]:
         """The draft length per row of the batch (0 for rows not ``drafting``)."""
-        bucket = self._bucket(bucket_of(len(req_ids)))
+        b = bucket_of(len(req_ids))
+        bucket = self._bucket(b)
         step = bucket.steps
         bucket.steps += 1
-        if not self._ready(bucket):
+        model = self._model_for(b)
+        if model is None:
             k = min(_WARMUP[step % len(_WARMUP)], self.max_tokens)
             return self._clamp([k] * len(req_ids), drafting)
         gains = np.stack([np.cumprod(self.acceptance(r)) for r in req_ids]) * np.asarray(drafting)[:, None]
         rows = len(req_ids)
-        n_drafting = int(sum(drafting))
+        bucket.rows = rows
+        if model is bucket:
+            n_rows, n_drafting, gain = rows, int(sum(drafting)), gains.sum(0)
+        else:
+            # Borrowed costs are only valid at the batch size they were measured at: decide
+            # as that batch would, with this batch's mean acceptance.
+            n_rows = n_drafting = model.rows
+            gain = gains.mean(0) * model.rows
         rates = [
-            (rows + gains[:, :k].sum()) / self._cost(bucket, rows, k, k * n_drafting)
+            (n_rows + gain[:k].sum()) / self._cost(model, n_rows, k, k * n_drafting)
             for k in range(self.max_tokens + 1)
         ]
         best = int(np.argmax(rates[self.min_tokens :])) + self.min_tokens
         k = best
+        if model is not bucket and bucket.plain.value is None and step % 2 == 1:
+            # Borrowed costs: measure this bucket's plain step early, so it gets its own.
+            return [0] * rows
         if self.explore_every and step % self.explore_every == self.explore_every // 2:
             bucket.probes += 1
             up = bucket.probes % 2 == 1
@@ -311,7 +335,7 @@ class AdaptiveBudget:
             return self._clamp([k] * rows, drafting)
         if k == 0:
             return [0] * rows
-        bar = bucket.verify.slope * rates[k]
+        bar = model.verify.slope * rates[k]
         return self._clamp([int((g[:k] > bar).sum()) for g in gains], drafting)
 
     def _clamp(self, ks: list[int], drafting: list[bool]) -> list[int]:
