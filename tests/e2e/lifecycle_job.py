@@ -18,7 +18,9 @@ def main(target: str, draft: str) -> None:
         dtype="float32",
         max_model_len=1024,
         enforce_eager=True,
-        speculative_config={"method": "hetero", "model": draft, "num_speculative_tokens": 3, "algorithm": "slem"},
+        # A fixed draft length: every step drafts, so every request has draft state to leak.
+        speculative_config={"method": "hetero", "model": draft, "num_speculative_tokens": 3, "algorithm": "slem",
+                            "draft_budget": "fixed"},
     )
     engine = llm.llm_engine
     drafter = _find_drafter(llm)

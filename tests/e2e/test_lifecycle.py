@@ -8,10 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from vllm_hetero_spec.harness.evaluation import RESULT_PREFIX, default_env, run_isolated
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
-
 
 
 def test_aborted_and_finished_requests_leave_no_state(gemma: str, smollm2: str) -> None:
@@ -38,7 +36,8 @@ def test_preemption_gives_the_target_alone_output(qwen05: str, smollm2: str) -> 
     }
     plain = run_isolated(job)
     spec = run_isolated({**job, "speculative_config": {
-        "method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli"}})
+        "method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli",
+        "draft_budget": "fixed"}})  # every step drafts: preempted requests have draft state to rebuild
     assert spec["num_preemptions"] > 0, "no preemption happened: the test proves nothing"
     assert spec["token_ids"] == plain["token_ids"]
     assert spec["num_accepted_tokens"] > 0 and spec["fallbacks"] == 0
