@@ -20,10 +20,10 @@ from three models it keeps current from what each step shows:
   5-8, ...);
 - **drafting**: the proposer's time as a linear function of k, per bucket.
 
-Then, per request, a proposal at position j is kept only where it pays at the margin:
-its expected gain P_r(j) must exceed the tokens the step's rate would buy in the time
-one more verified token costs (the verification slope times the rate), so a request
-that is rarely accepted drafts less, or not at all, while the others draft on.
+Then, per request, a proposal at position j (past the first) is kept only where it
+pays at the margin: its expected gain P_r(j) must exceed the tokens the step's rate
+would buy in the time one more verified token costs (the verification slope times the
+rate), so a request that is rarely accepted drafts one token while the others draft on.
 
 Only *steady* steps (nobody joined since the step before, nobody is prefilling)
 feed the cost models, so a prefill never passes for the cost of verification. Costs
@@ -335,8 +335,11 @@ class AdaptiveBudget:
             return self._clamp([k] * rows, drafting)
         if k == 0:
             return [0] * rows
+        # Trimmed per request, but never to nothing while the step drafts: a request at
+        # 0 shows no new verdicts, so one run of rejections (common at T > 0) would
+        # silence it for dozens of steps; one proposal is cheap beside the others' k.
         bar = model.verify.slope * rates[k]
-        return self._clamp([int((g[:k] > bar).sum()) for g in gains], drafting)
+        return self._clamp([max(1, int((g[:k] > bar).sum())) for g in gains], drafting)
 
     def _clamp(self, ks: list[int], drafting: list[bool]) -> list[int]:
         """Each drafting row's k within [min_tokens, max_tokens]; 0 for the others."""
