@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--batch1-prompts", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2, help="runs of plain and adaptive in the first cell")
     ap.add_argument("--name", default=NAME, help="results file stem in benchmarks/results/")
+    ap.add_argument("--no-builtin", action="store_true", help="skip vLLM's built-in TLI")
     args = ap.parse_args()
 
     target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
@@ -70,7 +71,7 @@ def main() -> None:
             n = bs if bs > 1 else args.batch1_prompts
             sweep = args.fixed_k if (bs == 1 and temp == args.temperatures[0]) else [4] if 4 in args.fixed_k else []
             plain_tps = None
-            for name, spec in cases(draft, args.algorithm, args.k_max, sweep, builtin=temp == 0.0):
+            for name, spec in cases(draft, args.algorithm, args.k_max, sweep, builtin=temp == 0.0 and not args.no_builtin):
                 reps = args.repeats if first and (spec is None or "adaptive" in name) else 1
                 runs = []
                 for rep in range(reps):
