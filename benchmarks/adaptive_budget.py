@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--batch1-prompts", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2, help="runs of plain and adaptive in the first cell")
+    ap.add_argument("--name", default=NAME, help="results file stem in benchmarks/results/")
+    ap.add_argument("--no-builtin", action="store_true", help="skip vLLM's built-in TLI")
     args = ap.parse_args()
 
     target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
@@ -69,7 +71,7 @@ def main() -> None:
             n = bs if bs > 1 else args.batch1_prompts
             sweep = args.fixed_k if (bs == 1 and temp == args.temperatures[0]) else [4] if 4 in args.fixed_k else []
             plain_tps = None
-            for name, spec in cases(draft, args.algorithm, args.k_max, sweep, builtin=temp == 0.0):
+            for name, spec in cases(draft, args.algorithm, args.k_max, sweep, builtin=temp == 0.0 and not args.no_builtin):
                 reps = args.repeats if first and (spec is None or "adaptive" in name) else 1
                 runs = []
                 for rep in range(reps):
@@ -90,10 +92,10 @@ def main() -> None:
                     "mean_acceptance_length": median([r["mean_acceptance_length"] for r in runs]),
                     "draft_lengths": runs[-1].get("draft_lengths"),
                 })
-                (OUT / f"{NAME}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-                (OUT / f"{NAME}.md").write_text(to_markdown(rows, args))
+                (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+                (OUT / f"{args.name}.md").write_text(to_markdown(rows, args))
             first = False
-    plot(rows)
+    plot(rows, args.name)
     print(to_markdown(rows, args))
 
 
@@ -124,7 +126,7 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], name: str) -> None:
     """Speedup per configuration, one panel per (T, batch)."""
     import matplotlib
 
@@ -144,7 +146,7 @@ def plot(rows: list[dict]) -> None:
         ax.set_title(f"T={temp}, batch {bs}", fontsize=9)
     axes[0][0].set_ylabel("speedup over plain decoding")
     fig.tight_layout()
-    fig.savefig(OUT / f"{NAME}.png", dpi=110)
+    fig.savefig(OUT / f"{name}.png", dpi=110)
 
 
 if __name__ == "__main__":

@@ -122,14 +122,14 @@ def test_follows_a_change_in_cost() -> None:
 
 
 def test_a_rarely_accepted_request_drafts_less() -> None:
-    """Per request: a request whose drafts are never accepted stops drafting while a
-    well-predicted one beside it keeps its drafts."""
+    """Per request: a request whose drafts are never accepted drafts one token (enough
+    to keep showing its acceptance) while a well-predicted one beside it drafts on."""
     policy = AdaptiveBudget(8)
     alphas = [np.full(8, 0.9), np.full(8, 0.0)]
     machine = Machine(plain=0.25, verify_a=0.2, verify_b=0.02, draft_a=0.005, draft_b=0.01)
     simulate(policy, machine, alphas, 300, seed=6)
     ks = policy.plan(["r0", "r1"], [True, True])
-    assert ks[0] >= 3 and ks[1] == 0, ks
+    assert ks[0] >= 3 and ks[1] == 1, ks
 
 
 def test_warmup_explores_one_plain_and_two() -> None:

@@ -20,10 +20,10 @@ from three models it keeps current from what each step shows:
   5-8, ...);
 - **drafting**: the proposer's time as a linear function of k, per bucket.
 
-Then, per request, a proposal at position j is kept only where it pays at the margin:
-its expected gain P_r(j) must exceed the tokens the step's rate would buy in the time
-one more verified token costs (the verification slope times the rate), so a request
-that is rarely accepted drafts less, or not at all, while the others draft on.
+Then, per request, a proposal at position j (past the first) is kept only where it
+pays at the margin: its expected gain P_r(j) must exceed the tokens the step's rate
+would buy in the time one more verified token costs (the verification slope times the
+rate), so a request that is rarely accepted drafts one token while the others draft on.
 
 Only *steady* steps (nobody joined since the step before, nobody is prefilling)
 feed the cost models, so a prefill never passes for the cost of verification. Costs
@@ -32,7 +32,9 @@ the policy keeps exploring: a new bucket first tries k = 1, 0 and 2 (the cost li
 needs two verification sizes and the plain cost), then every ``explore_every`` steps
 it tries a neighbour of the chosen k (alternately above and below, 0 included), which
 refreshes the cost line and the acceptance of the next position. A bucket not yet
-ready borrows the nearest ready bucket's costs instead of warming up from scratch.
+ready borrows the nearest ready bucket's costs instead of warming up from scratch. A
+probe the model expects to cost more than a fifth of the step's rate is made only every
+third turn.
 ``fixed`` always drafts ``num_speculative_tokens``. The choice never touches
 verification, so every rule stays exactly as lossless as it is at any fixed k.
 """
@@ -139,6 +141,7 @@ class _Bucket:
     draft: LinearFit
     steps: int = 0
     probes: int = 0
+    explore_turns: int = 0
     rows: int = 0  # the batch size last planned here
 
 
@@ -329,14 +332,22 @@ class AdaptiveBudget:
             # Borrowed costs: measure this bucket's plain step early, so it gets its own.
             return [0] * rows
         if self.explore_every and step % self.explore_every == self.explore_every // 2:
-            bucket.probes += 1
-            up = bucket.probes % 2 == 1
-            k = best + 1 if (up and best < self.max_tokens) or best == self.min_tokens else best - 1
-            return self._clamp([k] * rows, drafting)
+            up = (bucket.probes + 1) % 2 == 1
+            probe = best + 1 if (up and best < self.max_tokens) or best == self.min_tokens else best - 1
+            probe = max(self.min_tokens, min(self.max_tokens, probe))
+            # A probe the model expects to cost much (drafting at a large batch that is
+            # compute-bound) is made one time in three: it still notices change, later.
+            bucket.explore_turns += 1
+            if rates[probe] >= 0.8 * rates[best] or bucket.explore_turns % 3 == 0:
+                bucket.probes += 1
+                return self._clamp([probe] * rows, drafting)
         if k == 0:
             return [0] * rows
+        # Trimmed per request, but never to nothing while the step drafts: a request at
+        # 0 shows no new verdicts, so one run of rejections (common at T > 0) would
+        # silence it for dozens of steps; one proposal is cheap beside the others' k.
         bar = model.verify.slope * rates[k]
-        return self._clamp([int((g[:k] > bar).sum()) for g in gains], drafting)
+        return self._clamp([max(1, int((g[:k] > bar).sum())) for g in gains], drafting)
 
     def _clamp(self, ks: list[int], drafting: list[bool]) -> list[int]:
         """Each drafting row's k within [min_tokens, max_tokens]; 0 for the others."""
