@@ -116,14 +116,20 @@ class VerifyCost:
         ema.add(seconds)
         self.line.add(tokens, ema.value)
 
-    def predict(self, tokens: int) -> float:
-        """Measured where seen; beyond the largest size seen, that size's cost plus the
-        line's slope (never a decreasing extrapolation); elsewhere the line."""
+    def predict(self, tokens: int, plain: tuple[int, float] | None = None) -> float:
+        """Measured where seen; elsewhere the line. Beyond the largest size seen: that
+        size's cost plus the steeper of the line's slope and the secant from the plain
+        step (``plain``: its tokens and seconds), never decreasing. Two noisy sizes can
+        give a flat line, which once sent a batch of 32 to verify k = 8."""
         if tokens in self.by_size:
             return float(self.by_size[tokens].value)
         largest = max(self.by_size)
         if tokens > largest:
-            return float(self.by_size[largest].value) + self.slope * (tokens - largest)
+            top = float(self.by_size[largest].value)
+            slope = self.slope
+            if plain is not None and largest > plain[0]:
+                slope = max(slope, (top - plain[1]) / (largest - plain[0]))
+            return top + slope * (tokens - largest)
         return max(self.line.predict(tokens), 0.0)
 
     @property
@@ -286,7 +292,8 @@ class AdaptiveBudget:
     def _cost(self, bucket: _Bucket, rows: int, k: int, proposals: int) -> float:
         if k == 0:
             return float(bucket.plain.value)
-        return max(bucket.verify.predict(rows + proposals), 1e-6) + max(bucket.draft.predict(k), 0.0)
+        verify = bucket.verify.predict(rows + proposals, (rows, float(bucket.plain.value)))
+        return max(verify, 1e-6) + max(bucket.draft.predict(k), 0.0)
 
     def _ready(self, bucket: _Bucket) -> bool:
         return bucket.plain.value is not None and len(bucket.verify.by_size) >= min(2, self.max_tokens) \
