@@ -149,8 +149,9 @@ class DtwFaithful(StringLevel):
             support += ids
             probs += list(q)
         if probs:
-            out.q = DraftProbs(torch.tensor(probs, dtype=torch.float32).unsqueeze(1),
-                               torch.tensor(support, dtype=torch.long).unsqueeze(1))
+            device = self.engine.runtime.device
+            out.q = DraftProbs(torch.tensor(probs, dtype=torch.float32, device=device).unsqueeze(1),
+                               torch.tensor(support, dtype=torch.long, device=device).unsqueeze(1))
 
 
 class Slrs(StringLevel):
@@ -165,7 +166,7 @@ class Slrs(StringLevel):
         settings, bridge = engine.settings, engine.bridge
         self.proposer = StringLevelProposer(
             bridge.draft_bytes, bridge.target_bytes, bridge.target_encoder, engine.target_eos, engine.target_vocab,
-            settings.slrs_max_nodes, settings.slrs_candidates, settings.slrs_min_prob,
+            settings.slrs_max_nodes, settings.slrs_candidates, settings.slrs_min_prob, engine.runtime.device,
         )
 
     def first_tokens(self, req_ids: list[str]) -> dict[str, FirstToken]:

@@ -65,14 +65,16 @@ class StringLevelProposer:
         max_nodes: int,
         num_candidates: int,
         min_prob: float = 0.0,
+        device: torch.device | str = "cpu",
     ):
         self.draft = SortedStrings(draft_bytes)
         self.target = SortedStrings(target_bytes)
         self.planner = PsiPlanner(self.draft, self.target)
-        self.order = torch.from_numpy(self.draft.order)
+        # On the drafter's device, where the q rows they index live.
+        self.order = torch.from_numpy(self.draft.order).to(device)
         self.draft_bytes = draft_bytes
         self.target_bytes = target_bytes
-        self.textless = torch.tensor([not b for b in draft_bytes], dtype=torch.bool)
+        self.textless = torch.tensor([not b for b in draft_bytes], dtype=torch.bool, device=device)
         self.target_encoder = target_encoder
         self.target_eos = target_eos
         self.target_vocab = target_vocab
@@ -167,8 +169,9 @@ class StringLevelProposer:
             total = float(psi.sum())
             if total < MIN_COVERAGE:
                 continue
-            support, col = torch.unique(torch.tensor(ids, dtype=torch.long), sorted=True, return_inverse=True)
-            law = torch.zeros(len(support), dtype=torch.float64).index_add_(0, col, psi / total).float()
+            ids_t = torch.tensor(ids, dtype=torch.long, device=psi.device)
+            support, col = torch.unique(ids_t, sorted=True, return_inverse=True)
+            law = torch.zeros(len(support), dtype=torch.float64, device=psi.device).index_add_(0, col, psi / total).float()
             gen = rows.generators[i]
             # Sampled from and verified against the very same tensor.
             pick = int(support[_draw(law if gen is None else law.to(gen.device), gen)])

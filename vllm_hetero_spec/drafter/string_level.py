@@ -169,15 +169,17 @@ class TreeBuilder:
 
     def psi(self, order: torch.Tensor) -> tuple[list[int], torch.Tensor]:
         """The surviving candidates' target ids and psi (float64, clamped at 0 against
-        rounding); ``order`` is the draft vocabulary's byte order."""
+        rounding); ``order`` is the draft vocabulary's byte order, on the q rows' device
+        (where psi is computed)."""
         ids = [tid for tid, _ in self._active]
+        device = order.device
         if not ids:
-            return ids, torch.zeros(0, dtype=torch.float64)
+            return ids, torch.zeros(0, dtype=torch.float64, device=device)
         q = torch.stack(self.q_rows).double()
-        cum = torch.zeros(q.shape[0], order.numel() + 1, dtype=torch.float64)
+        cum = torch.zeros(q.shape[0], order.numel() + 1, dtype=torch.float64, device=device)
         cum[:, 1:] = q[:, order].cumsum(dim=1)
-        prob = torch.tensor(self.prob, dtype=torch.float64)
-        psi = torch.zeros(len(ids), dtype=torch.float64)
+        prob = torch.tensor(self.prob, dtype=torch.float64, device=device)
+        psi = torch.zeros(len(ids), dtype=torch.float64, device=device)
         for c, (_, plan) in enumerate(self._active):
             nodes, los, his, signs = [], [], [], []
             for node, text in enumerate(self.texts):
@@ -186,7 +188,9 @@ class TreeBuilder:
                 los.append(lo)
                 his.append(hi)
                 signs.append(sign)
-            n = torch.from_numpy(np.concatenate(nodes))
-            lo, hi = torch.from_numpy(np.concatenate(los)), torch.from_numpy(np.concatenate(his))
-            psi[c] = (torch.from_numpy(np.concatenate(signs)) * prob[n] * (cum[n, hi] - cum[n, lo])).sum()
+            # The terms' indices are built on the host (per-string plans), moved once.
+            n = torch.from_numpy(np.concatenate(nodes)).to(device)
+            lo, hi = torch.from_numpy(np.concatenate(los)).to(device), torch.from_numpy(np.concatenate(his)).to(device)
+            sign = torch.from_numpy(np.concatenate(signs)).to(device)
+            psi[c] = (sign * prob[n] * (cum[n, hi] - cum[n, lo])).sum()
         return ids, psi.clamp(min=0.0)
