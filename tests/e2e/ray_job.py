@@ -92,6 +92,10 @@ def main(target: str, draft: str, algorithm: str) -> None:
         speculative_config={
             "method": "hetero", "model": draft, "num_speculative_tokens": 4, "algorithm": algorithm,
             "executor": "ray", "ray_timeout_s": 3.0, "max_branches": 3,
+            # Faults are injected at a step that must be drafting: the adaptive budget may
+            # choose k = 0 on this CPU (the 0.5B target is quick), and a fault then goes
+            # unnoticed until the next drafting step, after the batch has ended.
+            "draft_budget": "fixed",
         },
     )
     result = {"clean": _batch(llm, "c", pace_s=1.0), "killed": _batch(llm, "k", signal.SIGKILL)}
