@@ -69,3 +69,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "e2e" in item.path.parent.parts[-1:]:
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="module")
+def selected_params(request: pytest.FixtureRequest):
+    """``selected_params(name)``: the values of parameter ``name`` among this module's
+    collected tests (after ``-k``/``-m`` deselection), in order. A module fixture that
+    runs every configuration at once (engines side by side) runs only the ones that
+    will be asked for."""
+
+    def values(name: str) -> list:
+        seen: list = []
+        for item in request.session.items:
+            callspec = getattr(item, "callspec", None)
+            if item.module is request.module and callspec is not None and name in callspec.params:
+                if callspec.params[name] not in seen:
+                    seen.append(callspec.params[name])
+        return seen
+
+    return values

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
-from vllm_hetero_spec.harness.evaluation import run_isolated
+from vllm_hetero_spec.harness.evaluation import run_isolated_many
 
 
 N = 240
@@ -23,8 +23,8 @@ PROMPT = "My favourite thing about the weekend is"
 FILTERS = {"top_k": 40, "top_p": 0.95}
 
 
-def _sample(target: str, seed0: int, temperature: float, spec: dict | None = None) -> list[list[int]]:
-    job = {
+def _job(target: str, seed0: int, temperature: float, spec: dict | None = None) -> dict:
+    return {
         "target": target,
         "prompts": [PROMPT] * N,
         "request_seeds": list(range(seed0, seed0 + N)),
@@ -37,11 +37,38 @@ def _sample(target: str, seed0: int, temperature: float, spec: dict | None = Non
         "warmup": False,
         **FILTERS,
     }
-    result = run_isolated(job)
-    if spec is not None:
+
+
+# Every lossless mode (dtw in its lossless verification mode, fsd at tau = 0); tli also
+# drafting in a Ray actor, where pipelined drafts come from forked random streams.
+CASES = {"slem": ("slem", "inprocess"), "tli": ("tli", "inprocess"), "dtw": ("dtw", "inprocess"),
+         "slrs": ("slrs", "inprocess"), "union": ("union", "inprocess"), "fsd": ("fsd", "inprocess"),
+         "tli-ray": ("tli", "ray")}
+
+
+@pytest.fixture(scope="module")
+def runs(selected_params, gemma: str, smollm2: str) -> dict[str, dict | Exception]:
+    """The target alone at T = 1 and at T = 0.5 (the control), and every selected case,
+    two engines at a time. A fixed draft length, so that every step drafts and the test
+    keeps its power (the identity tests run the adaptive budget)."""
+    cases = selected_params("case")
+    jobs = {"plain": _job(gemma, 0, 1.0), "control": _job(gemma, 20_000, 0.5)}
+    for case in cases:
+        algorithm, executor = CASES[case]
+        jobs[case] = _job(gemma, 10_000, 1.0, {
+            "method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": algorithm,
+            "dtw_verify": "lossless", "executor": executor, "fsd_threshold": 0.0, "draft_budget": "fixed"})
+    return dict(zip(jobs, run_isolated_many(list(jobs.values()))))
+
+
+def _tokens(runs: dict, name: str) -> list[list[int]]:
+    result = runs[name]
+    if isinstance(result, Exception):
+        raise result
+    if name in CASES:
         # Otherwise a drafter that never drafts (or always fails) would pass vacuously.
         assert result["num_accepted_tokens"] > 0 and result["fallbacks"] == 0, result
-        if spec.get("algorithm") == "slrs":  # psi was computed, not skipped for slem
+        if CASES[name][0] == "slrs":  # psi was computed, not skipped for slem
             assert result["drafter_stats"]["slrs_tree_nodes"] > 0, result["drafter_stats"]
     return result["token_ids"]
 
@@ -58,27 +85,14 @@ def _pvalue(a: list[int], b: list[int]) -> float:
     return float(chi2_contingency(table)[1])
 
 
-@pytest.fixture(scope="module")
-def plain_t1(gemma: str) -> list[list[int]]:
-    return _sample(gemma, 0, 1.0)
-
-
-@pytest.mark.parametrize("algorithm,executor", [("slem", "inprocess"), ("tli", "inprocess"), ("dtw", "inprocess"),
-                                                ("slrs", "inprocess"), ("union", "inprocess"), ("fsd", "inprocess"),
-                                                ("tli", "ray")])
-def test_output_distribution_matches_target(gemma: str, smollm2: str, plain_t1, algorithm: str, executor: str) -> None:
-    """Every lossless mode (dtw in its lossless verification mode, fsd at tau = 0);
-    tli also drafting in a Ray actor, where pipelined drafts come from forked random
-    streams. A fixed draft length, so that every step drafts and the test keeps its
-    power (the identity tests run the adaptive budget)."""
-    spec = _sample(gemma, 10_000, 1.0, {"method": "hetero", "model": smollm2, "num_speculative_tokens": 3,
-                                        "algorithm": algorithm, "dtw_verify": "lossless", "executor": executor,
-                                        "fsd_threshold": 0.0, "draft_budget": "fixed"})
+@pytest.mark.parametrize("case", list(CASES))
+def test_output_distribution_matches_target(runs: dict, case: str) -> None:
+    plain, spec = _tokens(runs, "plain"), _tokens(runs, case)
     for pos in (1, 2):
-        p = _pvalue([o[pos] for o in plain_t1], [o[pos] for o in spec])
-        assert p > 1e-3, f"{algorithm}: position {pos} distribution differs from the target's (p={p:.1e})"
+        p = _pvalue([o[pos] for o in plain], [o[pos] for o in spec])
+        assert p > 1e-3, f"{case}: position {pos} distribution differs from the target's (p={p:.1e})"
 
 
-def test_control_detects_a_different_distribution(gemma: str, plain_t1) -> None:
-    other = _sample(gemma, 20_000, 0.5)
-    assert min(_pvalue([o[pos] for o in plain_t1], [o[pos] for o in other]) for pos in (1, 2)) < 1e-3
+def test_control_detects_a_different_distribution(runs: dict) -> None:
+    plain, other = _tokens(runs, "plain"), _tokens(runs, "control")
+    assert min(_pvalue([o[pos] for o in plain], [o[pos] for o in other]) for pos in (1, 2)) < 1e-3

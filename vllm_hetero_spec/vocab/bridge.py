@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -40,7 +41,18 @@ class VocabBridge:
 
     @classmethod
     def build(cls, draft_tokenizer: str, target_tokenizer: str, draft_vocab: int, target_vocab: int) -> "VocabBridge":
-        """``*_vocab`` are the models' embedding sizes (may exceed the tokenizers')."""
+        """``*_vocab`` are the models' embedding sizes (may exceed the tokenizers').
+
+        Built once per process for the same arguments: start-up validation and the
+        drafter both need it, and with the engine in process (offline ``LLM`` with
+        ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, tests) that is the same process; loading
+        a 262k-entry tokenizer and tabulating its bytes takes ~5 s. Nothing mutates a
+        bridge after it is built."""
+        return _built(draft_tokenizer, target_tokenizer, draft_vocab, target_vocab)
+
+    @classmethod
+    def load(cls, draft_tokenizer: str, target_tokenizer: str, draft_vocab: int, target_vocab: int) -> "VocabBridge":
+        """:meth:`build`, uncached."""
         d_tok = AutoTokenizer.from_pretrained(draft_tokenizer)
         t_tok = AutoTokenizer.from_pretrained(target_tokenizer)
         d_bytes = token_bytes_table(d_tok, draft_vocab)
@@ -67,3 +79,8 @@ class VocabBridge:
     def draft_eos_ids(self) -> set[int]:
         eos = self.draft_tokenizer.eos_token_id
         return {eos} if eos is not None else set()
+
+
+@lru_cache(maxsize=4)
+def _built(draft_tokenizer: str, target_tokenizer: str, draft_vocab: int, target_vocab: int) -> VocabBridge:
+    return VocabBridge.load(draft_tokenizer, target_tokenizer, draft_vocab, target_vocab)
