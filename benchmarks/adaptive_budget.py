@@ -52,7 +52,14 @@ def main() -> None:
     ap.add_argument("--fixed-k", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--tokens-at", nargs="*", default=["32=32"], metavar="BATCH=TOKENS",
+                    help="tokens per request at these batch sizes instead of --max-tokens (run time)")
+    ap.add_argument("--fixed-from", type=int, default=32,
+                    help="batch sizes from this one up run plain and adaptive only (fixed k=4 is known to lose there)")
+    ap.add_argument("--full-warmup-from", type=int, default=8,
+                    help="batch sizes from this one up run the whole job once untimed first (first passes at new "
+                         "shapes are slow; at batch 1 the first of several prompts absorbs them)")
     ap.add_argument("--batch1-prompts", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2, help="runs of plain and adaptive in the first cell")
     ap.add_argument("--name", default=NAME, help="results file stem in benchmarks/results/")
@@ -70,14 +77,19 @@ def main() -> None:
         for temp in args.temperatures:
             n = bs if bs > 1 else args.batch1_prompts
             sweep = args.fixed_k if (bs == 1 and temp == args.temperatures[0]) else [4] if 4 in args.fixed_k else []
+            sweep = sweep if bs < args.fixed_from else []
+            tokens = dict(t.split("=") for t in args.tokens_at)
+            max_tokens = int(tokens.get(str(bs), args.max_tokens))
             plain_tps = None
-            for name, spec in cases(draft, args.algorithm, args.k_max, sweep, builtin=temp == 0.0 and not args.no_builtin):
+            builtin = temp == 0.0 and not args.no_builtin and bs < args.fixed_from
+            for name, spec in cases(draft, args.algorithm, args.k_max, sweep, builtin=builtin):
                 reps = args.repeats if first and (spec is None or "adaptive" in name) else 1
                 runs = []
                 for rep in range(reps):
-                    job = {"target": target, "prompts": prompts[:n], "max_tokens": args.max_tokens,
+                    job = {"target": target, "prompts": prompts[:n], "max_tokens": max_tokens,
                            "temperature": temp, "batch_size": bs, "speculative_config": spec,
-                           "request_seeds": list(range(n)), "ignore_eos": True}
+                           "request_seeds": list(range(n)), "ignore_eos": True, "max_num_seqs": max(bs, 16),
+                           "warmup": "full" if bs >= args.full_warmup_from else True}
                     t0 = time.time()
                     runs.append(run_isolated(job))
                     print(f"T={temp} bs={bs} {name} rep={rep}: {runs[-1]['tok_per_s']:.2f} tok/s "
@@ -86,7 +98,8 @@ def main() -> None:
                 if spec is None:
                     plain_tps = tps
                 rows.append({
-                    "config": name, "temperature": temp, "batch_size": bs, "runs": [r["tok_per_s"] for r in runs],
+                    "config": name, "temperature": temp, "batch_size": bs, "max_tokens": max_tokens,
+                    "runs": [r["tok_per_s"] for r in runs],
                     "tok_per_s": tps, "speedup": tps / plain_tps,
                     "acceptance_rate": median([r["acceptance_rate"] for r in runs]),
                     "mean_acceptance_length": median([r["mean_acceptance_length"] for r in runs]),
@@ -108,18 +121,21 @@ def _lengths(d: dict | None) -> str:
 
 def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
-        f"Target {args.target} (float32), draft {args.draft}, {args.algorithm}, {args.max_tokens} tokens per request "
-        f"(EOS ignored), Spec-Bench prompts; batch 1 runs {args.batch1_prompts} prompts one at a time. "
+        f"Target {args.target} (float32), draft {args.draft}, {args.algorithm}; tokens per request in the "
+        f"table (EOS ignored), Spec-Bench prompts; batch 1 runs {args.batch1_prompts} prompts one at a time; "
+        f"batches of {args.full_warmup_from} and more run the whole job once untimed first (first passes at new "
+        "shapes are slow on a CPU; the adaptive budget starts the timed pass warm, as in a serving engine). "
         "Draft lengths: share of steps per chosen draft length (the longest any request got that step). "
         "Several runs: their tok/s listed, the median used. `benchmarks/adaptive_budget.py`.",
         "",
-        "| T | batch | configuration | tok/s (runs) | speedup | acceptance | mean acc. length | draft lengths |",
-        "|---|---|---|---|---|---|---|---|",
+        "| T | batch | tokens | configuration | tok/s (runs) | speedup | acceptance | mean acc. length | draft lengths |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         runs = " / ".join(f"{x:.2f}" for x in r["runs"])
         lines.append(
-            f"| {r['temperature']} | {r['batch_size']} | {r['config']} | {runs} | {r['speedup']:.2f}x | "
+            f"| {r['temperature']} | {r['batch_size']} | {r.get('max_tokens', args.max_tokens)} | {r['config']} | {runs} | "
+            f"{r['speedup']:.2f}x | "
             f"{fmt(r['acceptance_rate'], '.1%')} | {fmt(r['mean_acceptance_length'], '.2f')} | "
             f"{_lengths(r['draft_lengths'])} |"
         )

@@ -127,6 +127,13 @@ MUTATIONS = [
         "gains = np.stack([np.ones(self.max_tokens) for r in req_ids])",
         ("tests/drafter/test_budget.py",),
     ),
+    Mutation(
+        "blind-catchup", "the draft cost fit takes a first pass over a prompt for the cost of drafting k",
+        "vllm_hetero_spec/drafter/budget.py",
+        "            if k > 0 and lengths is not None:",
+        "            if k > 0 and lengths is None:",
+        ("tests/drafter/test_budget.py",),
+    ),
 ]
 
 

@@ -199,7 +199,8 @@ class HeteroProposer:
         self._install(req_ids, rows, drafts)
         out = [[] for _ in req_ids] if drafts is None else self._layout(req_ids, rows, drafts)
         end = time.perf_counter()
-        self.budget.record(req_ids, [len(o) for o in out], end - start, end)
+        self.budget.record(req_ids, [len(o) for o in out], end - start, end,
+                           [int(n) for n in num_tokens_no_spec[: len(req_ids)]])
         self._publish()
         return out
 

@@ -14,27 +14,27 @@ from three models it keeps current from what each step shows:
 - **acceptance**: per draft position j, the probability a_j that the j-th proposal is
   accepted given the ones before it were, over all requests and per request (a
   request's own counts shrunk towards the overall ones), so P_r(j) = a_r1 ... a_rj;
-- **verification**: the target's step time as a function of the tokens it verifies
-  (rows + proposals) for speculative steps -- measured per size, a line through them
-  for sizes not seen yet -- and the plain step time, per batch-size bucket (1, 2, 3-4,
-  5-8, ...);
-- **drafting**: the proposer's time as a linear function of k, per bucket.
+- **the target's step**: its time as a function of the tokens it runs (rows +
+  proposals), one curve for plain and speculative steps at every batch size, measured
+  per size and interpolated between (:class:`TargetCost`);
+- **drafting**: the proposer's time, linear in k, in k x rows, and in the tokens the
+  draft states catch up on (a request's first drafting step reads its whole context).
 
 Then, per request, a proposal at position j (past the first) is kept only where it
 pays at the margin: its expected gain P_r(j) must exceed the tokens the step's rate
-would buy in the time one more verified token costs (the verification slope times the
+would buy in the time one more verified token costs (the curve's slope times the
 rate), so a request that is rarely accepted drafts one token while the others draft on.
+A k > 0 whose expected rate beats k = 0 by less than ``margin`` (3%) is not taken.
 
 Only *steady* steps (nobody joined since the step before, nobody is prefilling)
 feed the cost models, so a prefill never passes for the cost of verification. Costs
 are exponentially weighted, acceptance counts decay, so the models follow change; and
-the policy keeps exploring: a new bucket first tries k = 1, 0 and 2 (the cost line
-needs two verification sizes and the plain cost), then every ``explore_every`` steps
-it tries a neighbour of the chosen k (alternately above and below, 0 included), which
-refreshes the cost line and the acceptance of the next position. A bucket not yet
-ready borrows the nearest ready bucket's costs instead of warming up from scratch. A
-probe the model expects to cost more than a fifth of the step's rate is made only every
-third turn.
+the policy keeps exploring: the engine's first steps try k = 1, 0 and 2 (two sizes on
+the curve and a drafting step), then every ``explore_every`` steps at a batch size
+(buckets 1, 2, 3-4, 5-8, ...) it tries a neighbour of the chosen k (alternately above
+and below, 0 included), which refreshes the curve and the acceptance of the next
+position. A probe the model expects to cost more than a fifth of the step's rate is
+made only every third turn.
 ``fixed`` always drafts ``num_speculative_tokens``. The choice never touches
 verification, so every rule stays exactly as lossless as it is at any fixed k.
 """
@@ -42,44 +42,43 @@ verification, so every rule stays exactly as lossless as it is at any fixed k.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-# k for a new bucket's first steps: small, because a long draft verified at a large batch
+# k for the engine's first steps: small, because a long draft verified at a large batch
 # can cost several plain steps, and a short run (32 tokens at batch 8 is ~30 steps) cannot
 # pay that back; longer drafts are reached by the probes, one step up at a time.
 _WARMUP = (1, 0, 2)
 
 
 class LinearFit:
-    """y = a + b x by exponentially weighted least squares, with a weak ridge towards
-    ``prior`` so that one distinct x still gives an answer (the prior's slope)."""
+    """y = c0 + c . x by exponentially weighted least squares, with a weak ridge towards
+    zero so that too few distinct points still give an answer."""
 
-    def __init__(self, memory: float, prior: tuple[float, float] = (0.0, 0.0), ridge: float = 1e-6):
+    def __init__(self, memory: float, features: int = 1, ridge: float = 1e-6):
         self.memory = memory
-        self.prior = np.asarray(prior, dtype=np.float64)
         self.ridge = ridge
-        self.xtx = np.zeros((2, 2))
-        self.xty = np.zeros(2)
+        self.xtx = np.zeros((features + 1, features + 1))
+        self.xty = np.zeros(features + 1)
         self.n = 0.0
 
-    def add(self, x: float, y: float) -> None:
-        v = np.array([1.0, x])
+    def add(self, x: float | Sequence[float], y: float) -> None:
+        v = np.concatenate([[1.0], np.atleast_1d(np.asarray(x, dtype=np.float64))])
         self.xtx = self.memory * self.xtx + np.outer(v, v)
         self.xty = self.memory * self.xty + v * y
         self.n = self.memory * self.n + 1.0
 
     @property
     def coef(self) -> np.ndarray:
-        """(a, b)."""
-        scale = max(self.xtx[1, 1], 1.0)
-        reg = self.ridge * np.diag([1.0, scale])
-        return np.linalg.solve(self.xtx + reg, self.xty + reg @ self.prior)
+        """(c0, c1, ...)."""
+        reg = self.ridge * np.diag(np.maximum(np.diag(self.xtx), 1.0))
+        return np.linalg.solve(self.xtx + reg, self.xty)
 
-    def predict(self, x: float) -> float:
-        a, b = self.coef
-        return float(a + b * x)
+    def predict(self, x: float | Sequence[float]) -> float:
+        coef = self.coef
+        return float(coef[0] + coef[1:] @ np.atleast_1d(np.asarray(x, dtype=np.float64)))
 
 
 class Ema:
@@ -98,57 +97,72 @@ class Ema:
             self.value = self.memory * self.value + (1 - self.memory) * min(y, 2 * self.value)
 
 
-class VerifyCost:
-    """The target's speculative step time as a function of the tokens it verifies.
+class TargetCost:
+    """The target's step time (everything but proposing) as a function of the tokens the
+    step runs, rows + proposals -- one curve for plain and speculative steps and for
+    every batch size.
 
-    Measured per size where it has been seen, because the curve is not linear at small
-    sizes: on a CPU, verifying 2 tokens took longer than verifying 3 (1.5B target, batch
-    1: 289 ms against 240 ms; the matmul kernels change paths with the row count). Sizes
-    never seen come from a weighted line through all the samples."""
+    One curve, because the target's forward sees tokens, not requests: measured on the
+    1.5B target on this CPU, a plain step of 8 rows (8 tokens) took 303 ms and
+    speculative steps of 1 row took 217-261 ms for 1-5 tokens and of 8 rows 368-555 ms
+    for 16-40 tokens, one rising curve. So what one batch size showed prices every
+    other: a batch size seen for the first time needs no warm-up of its own, and never
+    borrows the costs of another regime (a batch of 32 once verified k = 8 on costs
+    measured at batch 1).
+
+    Each size seen keeps its own mean; between sizes the curve is interpolated on their
+    closest non-decreasing fit (noise at small sizes -- 2 tokens once took longer than 3
+    -- must make neither more tokens look cheaper nor the fewer look dearer); beyond the largest size it rises with the
+    steeper of the last segment and the secant from the smallest size, so a flat stretch
+    of memory-bound sizes is not extrapolated into a compute-bound batch; below the
+    smallest it stays at the smallest size's cost."""
 
     def __init__(self, memory: float):
         self.memory = memory
         self.by_size: dict[int, Ema] = {}
-        self.line = LinearFit(memory)
 
     def add(self, tokens: int, seconds: float) -> None:
-        ema = self.by_size.setdefault(tokens, Ema(self.memory))
-        ema.add(seconds)
-        self.line.add(tokens, ema.value)
-
-    def predict(self, tokens: int, plain: tuple[int, float] | None = None) -> float:
-        """Measured where seen; elsewhere the line. Beyond the largest size seen: that
-        size's cost plus the steeper of the line's slope and the secant from the plain
-        step (``plain``: its tokens and seconds), never decreasing. Two noisy sizes can
-        give a flat line, which once sent a batch of 32 to verify k = 8."""
-        if tokens in self.by_size:
-            return float(self.by_size[tokens].value)
-        largest = max(self.by_size)
-        if tokens > largest:
-            top = float(self.by_size[largest].value)
-            slope = self.slope
-            if plain is not None and largest > plain[0]:
-                slope = max(slope, (top - plain[1]) / (largest - plain[0]))
-            return top + slope * (tokens - largest)
-        return max(self.line.predict(tokens), 0.0)
+        self.by_size.setdefault(tokens, Ema(self.memory)).add(seconds)
 
     @property
-    def slope(self) -> float:
-        """Seconds per extra verified token (>= 0), from the line."""
-        return max(float(self.line.coef[1]), 0.0)
+    def sizes(self) -> int:
+        return len(self.by_size)
+
+    def predict(self, tokens: float) -> float:
+        sizes = sorted(self.by_size)
+        values = _monotone([float(self.by_size[t].value) for t in sizes])
+        if tokens <= sizes[-1]:
+            return float(np.interp(tokens, sizes, values))
+        slope = 0.0
+        if len(sizes) > 1:
+            slope = max((values[-1] - values[-2]) / (sizes[-1] - sizes[-2]),
+                        (values[-1] - values[0]) / (sizes[-1] - sizes[0]))
+        return float(values[-1] + slope * (tokens - sizes[-1]))
+
+    def slope(self, low: float, high: float) -> float:
+        """Seconds per extra token between ``low`` and ``high`` tokens (>= 0)."""
+        return max(self.predict(high) - self.predict(low), 0.0) / max(high - low, 1.0)
+
+
+def _monotone(values: list[float]) -> np.ndarray:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators):
+    a run that dips is replaced by its mean."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return np.concatenate([np.full(int(n), m) for m, n in blocks])
 
 
 @dataclass
 class _Bucket:
-    """The cost models of one batch-size bucket."""
+    """Exploration bookkeeping of one batch-size bucket (the costs are shared)."""
 
-    plain: Ema
-    verify: VerifyCost
-    draft: LinearFit
     steps: int = 0
     probes: int = 0
     explore_turns: int = 0
-    rows: int = 0  # the batch size last planned here
 
 
 @dataclass
@@ -157,9 +171,9 @@ class _Step:
 
     req_ids: list[str]
     proposed: dict[str, int]
-    bucket: int
     tokens: int
     k: int
+    catchup: int
     propose_s: float
     end: float
 
@@ -185,33 +199,33 @@ class AdaptiveBudget:
         accept_memory: float = 0.97,
         request_weight: float = 4.0,
         prior_accept: float = 0.5,
+        margin: float = 0.03,
     ):
         if not 0 <= min_tokens <= max_tokens or max_tokens < 1:
             raise ValueError(f"need 0 <= min_tokens <= max_tokens and max_tokens >= 1, got {min_tokens}, {max_tokens}")
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
         self.explore_every = explore_every
-        self.cost_memory = cost_memory
         self.accept_memory = accept_memory
         self.request_weight = request_weight
         self.prior_accept = prior_accept
+        self.margin = margin
         self.accepted = np.zeros(max_tokens)
         self.tried = np.zeros(max_tokens)
         # per request: (accepted, tried, the step its counts were last decayed to)
         self.per_request: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
         self.step_index = 0
+        self.target = TargetCost(cost_memory)
+        # proposer seconds ~ c0 + c1 k + c2 k rows + c3 catch-up tokens (see record)
+        self.draft = LinearFit(cost_memory, features=3)
+        self.synced: dict[str, int] = {}  # per request: its length when it last drafted
         self.buckets: dict[int, _Bucket] = {}
+        self.warmup_steps = 0
         self.chosen = Counter()  # steps per chosen k (the step's largest)
         self.last_k = max_tokens
         self._last: _Step | None = None
 
     # -- learning ---------------------------------------------------------------------
-
-    def _bucket(self, b: int) -> _Bucket:
-        if b not in self.buckets:
-            m = self.cost_memory
-            self.buckets[b] = _Bucket(Ema(m), VerifyCost(m), LinearFit(m))
-        return self.buckets[b]
 
     def observe(self, now: float, req_ids: list[str], sampled: list[int]) -> None:
         """Learn from the step that just ran: ``sampled[i]`` tokens came out for row
@@ -241,27 +255,33 @@ class AdaptiveBudget:
         steady = set(req_ids) <= set(last.req_ids) and all(s > 0 for s in sampled)
         target_s = now - last.end
         if steady and target_s > 0:
-            bucket = self._bucket(last.bucket)
-            if last.k == 0:
-                bucket.plain.add(target_s)
-            else:
-                bucket.verify.add(last.tokens, target_s)
-                bucket.draft.add(last.k, last.propose_s)
+            self.target.add(last.tokens, target_s)
+            if last.k > 0:
+                drafting = sum(1 for k in last.proposed.values() if k > 0)
+                self.draft.add([last.k, last.k * drafting, last.catchup], last.propose_s)
 
-    def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float) -> None:
+    def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float,
+               lengths: list[int] | None = None) -> None:
         """What this step proposed per row (every row of the batch, 0 for none), how
-        long proposing took, and when it ended."""
+        long proposing took, when it ended, and each row's length (prompt + output):
+        the tokens a drafting row's draft state had to catch up on since it last drafted
+        (its whole context the first time) are a cost of their own, which must not pass
+        for the cost of drafting k."""
+        catchup = 0
+        for i, (req_id, k) in enumerate(zip(req_ids, proposed)):
+            if k > 0 and lengths is not None:
+                catchup += lengths[i] - self.synced.get(req_id, 0)
+                self.synced[req_id] = lengths[i]
         k = max(proposed, default=0)
-        self._last = _Step(
-            list(req_ids), dict(zip(req_ids, proposed)), bucket_of(len(req_ids)), len(req_ids) + sum(proposed), k,
-            propose_s, end,
-        )
+        self._last = _Step(list(req_ids), dict(zip(req_ids, proposed)), len(req_ids) + sum(proposed), k, catchup,
+                           propose_s, end)
         self.chosen[k] += 1
         self.last_k = k
 
     def forget(self, req_id: str) -> None:
         """A finished, aborted or preempted request."""
         self.per_request.pop(req_id, None)
+        self.synced.pop(req_id, None)
 
     def _request_counts(self, req_id: str) -> tuple[np.ndarray, np.ndarray]:
         """A request's counts, decayed to now: they age by steps, like the overall ones,
@@ -289,55 +309,43 @@ class AdaptiveBudget:
         acc, tri = self._request_counts(req_id)
         return (acc + self.request_weight * overall) / (tri + self.request_weight)
 
-    def _cost(self, bucket: _Bucket, rows: int, k: int, proposals: int) -> float:
-        if k == 0:
-            return float(bucket.plain.value)
-        verify = bucket.verify.predict(rows + proposals, (rows, float(bucket.plain.value)))
-        return max(verify, 1e-6) + max(bucket.draft.predict(k), 0.0)
+    @property
+    def ready(self) -> bool:
+        """Both cost models have something to go on: the warm-up's three step sizes (two
+        when k <= 1) and a drafting step."""
+        return self.target.sizes >= min(len(_WARMUP), self.max_tokens + 1) and self.draft.n > 0
 
-    def _ready(self, bucket: _Bucket) -> bool:
-        return bucket.plain.value is not None and len(bucket.verify.by_size) >= min(2, self.max_tokens) \
-            and bucket.draft.n > 0
-
-    def _model_for(self, b: int) -> _Bucket | None:
-        """The bucket whose costs decide for bucket ``b``: its own once it is ready,
-        else the nearest ready one (a server's batch size wanders across buckets, and a
-        batch that shrinks as its requests finish passes through several; each would
-        otherwise start from the warm-up again), else none."""
-        if self._ready(self._bucket(b)):
-            return self.buckets[b]
-        ready = [other for other in self.buckets if self._ready(self.buckets[other])]
-        return self.buckets[min(ready, key=lambda other: abs(other - b))] if ready else None
+    def rates(self, rows: int, gain: np.ndarray, drafting: int) -> list[float]:
+        """Expected tokens per second for k = 0..max_tokens; ``gain[j]``: the sum over
+        rows of P_r(j + 1), ``drafting`` rows draft. The draft state's catch-up is priced
+        at its steady size, the tokens the step will emit."""
+        out = []
+        for k in range(self.max_tokens + 1):
+            emitted = rows + float(gain[:k].sum())
+            cost = self.target.predict(rows + k * drafting)
+            if k > 0:
+                cost += max(self.draft.predict([k, k * drafting, drafting + float(gain[:k].sum())]), 0.0)
+            out.append(emitted / max(cost, 1e-6))
+        return out
 
     def plan(self, req_ids: list[str], drafting: list[bool]) -> list[int]:
         """The draft length per row of the batch (0 for rows not ``drafting``)."""
-        b = bucket_of(len(req_ids))
-        bucket = self._bucket(b)
+        rows = len(req_ids)
+        if not self.ready:
+            k = min(_WARMUP[self.warmup_steps % len(_WARMUP)], self.max_tokens)
+            self.warmup_steps += 1
+            return self._clamp([k] * rows, drafting)
+        bucket = self.buckets.setdefault(bucket_of(rows), _Bucket())
         step = bucket.steps
         bucket.steps += 1
-        model = self._model_for(b)
-        if model is None:
-            k = min(_WARMUP[step % len(_WARMUP)], self.max_tokens)
-            return self._clamp([k] * len(req_ids), drafting)
         gains = np.stack([np.cumprod(self.acceptance(r)) for r in req_ids]) * np.asarray(drafting)[:, None]
-        rows = len(req_ids)
-        bucket.rows = rows
-        if model is bucket:
-            n_rows, n_drafting, gain = rows, int(sum(drafting)), gains.sum(0)
-        else:
-            # Borrowed costs are only valid at the batch size they were measured at: decide
-            # as that batch would, with this batch's mean acceptance.
-            n_rows = n_drafting = model.rows
-            gain = gains.mean(0) * model.rows
-        rates = [
-            (n_rows + gain[:k].sum()) / self._cost(model, n_rows, k, k * n_drafting)
-            for k in range(self.max_tokens + 1)
-        ]
+        n_drafting = int(sum(drafting))
+        rates = self.rates(rows, gains.sum(0), n_drafting)
         best = int(np.argmax(rates[self.min_tokens :])) + self.min_tokens
-        k = best
-        if model is not bucket and bucket.plain.value is None and step % 2 == 1:
-            # Borrowed costs: measure this bucket's plain step early, so it gets its own.
-            return [0] * rows
+        if best > 0 and self.min_tokens == 0 and rates[best] < (1 + self.margin) * rates[0]:
+            # A gain this small is inside the model's error, and drafting has a cost the
+            # steady-state rate leaves out: the drafter's first pass over each context.
+            best = 0
         if self.explore_every and step % self.explore_every == self.explore_every // 2:
             up = (bucket.probes + 1) % 2 == 1
             probe = best + 1 if (up and best < self.max_tokens) or best == self.min_tokens else best - 1
@@ -348,13 +356,13 @@ class AdaptiveBudget:
             if rates[probe] >= 0.8 * rates[best] or bucket.explore_turns % 3 == 0:
                 bucket.probes += 1
                 return self._clamp([probe] * rows, drafting)
-        if k == 0:
+        if best == 0:
             return [0] * rows
         # Trimmed per request, but never to nothing while the step drafts: a request at
         # 0 shows no new verdicts, so one run of rejections (common at T > 0) would
         # silence it for dozens of steps; one proposal is cheap beside the others' k.
-        bar = model.verify.slope * rates[k]
-        return self._clamp([max(1, int((g[:k] > bar).sum())) for g in gains], drafting)
+        bar = self.target.slope(rows, rows + best * n_drafting) * rates[best]
+        return self._clamp([max(1, int((g[:best] > bar).sum())) for g in gains], drafting)
 
     def _clamp(self, ks: list[int], drafting: list[bool]) -> list[int]:
         """Each drafting row's k within [min_tokens, max_tokens]; 0 for the others."""
@@ -375,7 +383,8 @@ class FixedBudget:
     def plan(self, req_ids: list[str], drafting: list[bool]) -> list[int]:
         return [self.max_tokens if d else 0 for d in drafting]
 
-    def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float) -> None:
+    def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float,
+               lengths: list[int] | None = None) -> None:
         k = max(proposed, default=0)
         self.chosen[k] += 1
         self.last_k = k
