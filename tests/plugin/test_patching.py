@@ -60,7 +60,8 @@ def test_another_vllm_version_disables_the_plugin_with_one_error(monkeypatch, ca
     monkeypatch.setattr(vllm_patches, "_vllm_version", lambda: "9.9.9")
     monkeypatch.setattr(EngineArgs, "create_speculative_config", lambda self, *a, **k: "vllm's own")
     monkeypatch.delenv(vllm_patches.SKIP_VERSION_CHECK_ENV, raising=False)
-    for patched in vllm_patches._patch_expand_kernel, vllm_patches._patch_model_runner:
+    for patched in (vllm_patches._patch_expand_kernel, vllm_patches._patch_verification_top_k_top_p,
+                    vllm_patches._patch_model_runner):
         monkeypatch.setattr(vllm_patches, patched.__name__, lambda: pytest.fail("patched vLLM 9.9.9"))
     with caplog.at_level("ERROR"):
         assert vllm_patches.apply() is False
@@ -80,11 +81,12 @@ def test_the_override_patches_another_version(monkeypatch) -> None:
     monkeypatch.setattr(vllm_patches, "_vllm_version", lambda: "9.9.9")
     monkeypatch.setenv(vllm_patches.SKIP_VERSION_CHECK_ENV, "1")
     calls = []
-    for name in ("_patch_expand_kernel", "_patch_engine_args", "_patch_model_runner", "_patch_cli_args",
-                 "_patch_request_validation", "_patch_metrics_registry"):
+    names = ("_patch_expand_kernel", "_patch_verification_top_k_top_p", "_patch_engine_args", "_patch_model_runner",
+             "_patch_cli_args", "_patch_request_validation", "_patch_metrics_registry")
+    for name in names:
         monkeypatch.setattr(vllm_patches, name, lambda name=name: calls.append(name))
     assert vllm_patches.apply() is True
-    assert len(calls) == 6
+    assert calls == list(names)
 
 
 def test_the_pin_is_the_one_pyproject_and_setup_install() -> None:
