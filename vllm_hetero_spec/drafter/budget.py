@@ -63,18 +63,22 @@ class LinearFit:
         self.xtx = np.zeros((features + 1, features + 1))
         self.xty = np.zeros(features + 1)
         self.n = 0.0
+        self._coef: np.ndarray | None = None  # solved once per sample, read every step
 
     def add(self, x: float | Sequence[float], y: float) -> None:
         v = np.concatenate([[1.0], np.atleast_1d(np.asarray(x, dtype=np.float64))])
         self.xtx = self.memory * self.xtx + np.outer(v, v)
         self.xty = self.memory * self.xty + v * y
         self.n = self.memory * self.n + 1.0
+        self._coef = None
 
     @property
     def coef(self) -> np.ndarray:
         """(c0, c1, ...)."""
-        reg = self.ridge * np.diag(np.maximum(np.diag(self.xtx), 1.0))
-        return np.linalg.solve(self.xtx + reg, self.xty)
+        if self._coef is None:
+            reg = self.ridge * np.diag(np.maximum(np.diag(self.xtx), 1.0))
+            self._coef = np.linalg.solve(self.xtx + reg, self.xty)
+        return self._coef
 
     def predict(self, x: float | Sequence[float]) -> float:
         coef = self.coef
@@ -120,17 +124,21 @@ class TargetCost:
     def __init__(self, memory: float):
         self.memory = memory
         self.by_size: dict[int, Ema] = {}
+        self._fit: tuple[list[int], np.ndarray] | None = None  # fitted once per sample, read every step
 
     def add(self, tokens: int, seconds: float) -> None:
         self.by_size.setdefault(tokens, Ema(self.memory)).add(seconds)
+        self._fit = None
 
     @property
     def sizes(self) -> int:
         return len(self.by_size)
 
     def predict(self, tokens: float) -> float:
-        sizes = sorted(self.by_size)
-        values = _monotone([float(self.by_size[t].value) for t in sizes])
+        if self._fit is None:
+            sizes = sorted(self.by_size)
+            self._fit = sizes, _monotone([float(self.by_size[t].value) for t in sizes])
+        sizes, values = self._fit
         if tokens <= sizes[-1]:
             return float(np.interp(tokens, sizes, values))
         slope = 0.0
