@@ -61,7 +61,10 @@ def main() -> None:
                     help="batch sizes from this one up run the whole job once untimed first (first passes at new "
                          "shapes are slow; at batch 1 the first of several prompts absorbs them)")
     ap.add_argument("--batch1-prompts", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=2, help="runs of plain and adaptive in the first cell")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs of plain and adaptive in the first cell and at batch sizes from --repeat-from up")
+    ap.add_argument("--repeat-from", type=int, default=8,
+                    help="batch sizes from this one up repeat plain and adaptive too (runs there are noisy)")
     ap.add_argument("--name", default=NAME, help="results file stem in benchmarks/results/")
     ap.add_argument("--no-builtin", action="store_true", help="skip vLLM's built-in TLI")
     args = ap.parse_args()
@@ -83,7 +86,8 @@ def main() -> None:
             plain_tps = None
             builtin = temp == 0.0 and not args.no_builtin and bs < args.fixed_from
             for name, spec in cases(draft, args.algorithm, args.k_max, sweep, builtin=builtin):
-                reps = args.repeats if first and (spec is None or "adaptive" in name) else 1
+                repeated = first or bs >= args.repeat_from
+                reps = args.repeats if repeated and (spec is None or "adaptive" in name) else 1
                 runs = []
                 for rep in range(reps):
                     job = {"target": target, "prompts": prompts[:n], "max_tokens": max_tokens,

@@ -134,6 +134,13 @@ MUTATIONS = [
         "            if k > 0 and lengths is None:",
         ("tests/drafter/test_budget.py",),
     ),
+    Mutation(
+        "blind-lump", "the choice of k ignores how far the draft states have fallen behind",
+        "vllm_hetero_spec/drafter/budget.py",
+        "        lump = 0.0 if lengths is None else float(sum(",
+        "        lump = 0.0 if lengths is not None else float(sum(",
+        ("tests/drafter/test_budget.py",),
+    ),
 ]
 
 

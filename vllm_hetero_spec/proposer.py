@@ -171,7 +171,8 @@ class HeteroProposer:
         req_ids: list[str] = list(self.runner.input_batch.req_ids)
         sampled = [len(s) for s in sampled_token_ids[: len(req_ids)]]
         self.budget.observe(start, req_ids, sampled)
-        lengths = self.budget.plan(req_ids, [n > 0 for n in sampled])
+        row_lengths = [int(n) for n in num_tokens_no_spec[: len(req_ids)]]
+        lengths = self.budget.plan(req_ids, [n > 0 for n in sampled], row_lengths)
         if self._share_budget:
             lengths = self._tp.broadcast_object(lengths, src=0)
         drafts, rows = None, []
@@ -199,8 +200,7 @@ class HeteroProposer:
         self._install(req_ids, rows, drafts)
         out = [[] for _ in req_ids] if drafts is None else self._layout(req_ids, rows, drafts)
         end = time.perf_counter()
-        self.budget.record(req_ids, [len(o) for o in out], end - start, end,
-                           [int(n) for n in num_tokens_no_spec[: len(req_ids)]])
+        self.budget.record(req_ids, [len(o) for o in out], end - start, end, row_lengths)
         self._publish()
         return out
 
