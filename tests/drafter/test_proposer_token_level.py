@@ -300,11 +300,13 @@ def test_budget_lengths_reach_the_drafts_and_the_plan(monkeypatch, bridge, smoll
     rejections) is cut to match, so verification reads exactly what was proposed."""
     a, b, absent = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "union", [a, b, b, absent])
-    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting: [0, 2, K])
+    seen: list[list[int]] = []
+    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths: seen.append(lengths) or [0, 2, K])
     params = SamplingParams(temperature=1.0, seed=3)
     _attach(prop, {r: params for r in ("r0", "r1", "r2")}, ["r0", "r1", "r2"])
     out = _propose(prop, qwen05, 3)
     assert [len(o) for o in out] == [0, 2, K]
+    assert len(seen[0]) == 3 and min(seen[0]) > 0  # each row's length, to price its catch-up
     assert out[1] == out[2][:2]
     assert "r0" not in prop.states  # never sent to the drafter: it syncs when it next drafts
     plan = prop.take_verify_plan()
@@ -318,7 +320,7 @@ def test_budget_lengths_reach_the_drafts_and_the_plan(monkeypatch, bridge, smoll
 def test_a_step_at_zero_skips_the_drafter(monkeypatch, bridge, smollm2, qwen05) -> None:
     a, b, _ = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [a, b])
-    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting: [0] * len(req_ids))
+    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths: [0] * len(req_ids))
     _attach(prop, {"r0": SamplingParams(temperature=0.0)}, ["r0"])
     calls = prop.executor.engine.runtime.calls
     assert _propose(prop, qwen05, 1) == [[]]
