@@ -67,6 +67,10 @@ def main() -> None:
                     help="batch sizes from this one up repeat plain and adaptive too (runs there are noisy)")
     ap.add_argument("--name", default=NAME, help="results file stem in benchmarks/results/")
     ap.add_argument("--no-builtin", action="store_true", help="skip vLLM's built-in TLI")
+    ap.add_argument("--unseeded", action="store_true",
+                    help="requests without seeds: vLLM 0.32's CPU build fails a seeded request whose prefill is "
+                         "chunked ('CPU Generator does not use offset'), in plain decoding too, as at batch 32, T = 1")
+    ap.add_argument("--append", action="store_true", help="add to the rows already in the results file")
     args = ap.parse_args()
 
     target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
@@ -75,6 +79,9 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d")}
     rows: list[dict] = []
     OUT.mkdir(exist_ok=True)
+    if args.append:
+        previous = json.loads((OUT / f"{args.name}.json").read_text())
+        rows, meta = previous["rows"], {**previous["meta"], f"appended {meta['date']}": meta["args"]}
     first = True
     for bs in args.batch_sizes:
         for temp in args.temperatures:
@@ -92,7 +99,7 @@ def main() -> None:
                 for rep in range(reps):
                     job = {"target": target, "prompts": prompts[:n], "max_tokens": max_tokens,
                            "temperature": temp, "batch_size": bs, "speculative_config": spec,
-                           "request_seeds": list(range(n)), "ignore_eos": True, "max_num_seqs": max(bs, 16),
+                           "request_seeds": None if args.unseeded else list(range(n)), "ignore_eos": True, "max_num_seqs": max(bs, 16),
                            "warmup": "full" if bs >= args.full_warmup_from else True}
                     t0 = time.time()
                     runs.append(run_isolated(job))
@@ -108,6 +115,7 @@ def main() -> None:
                     "acceptance_rate": median([r["acceptance_rate"] for r in runs]),
                     "mean_acceptance_length": median([r["mean_acceptance_length"] for r in runs]),
                     "draft_lengths": runs[-1].get("draft_lengths"),
+                    "unseeded": args.unseeded,
                 })
                 (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
                 (OUT / f"{args.name}.md").write_text(to_markdown(rows, args))
@@ -136,9 +144,10 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        unseeded = " (unseeded)" if r.get("unseeded") else ""
         runs = " / ".join(f"{x:.2f}" for x in r["runs"])
         lines.append(
-            f"| {r['temperature']} | {r['batch_size']} | {r.get('max_tokens', args.max_tokens)} | {r['config']} | {runs} | "
+            f"| {r['temperature']} | {r['batch_size']} | {r.get('max_tokens', args.max_tokens)} | {r['config']}{unseeded} | {runs} | "
             f"{r['speedup']:.2f}x | "
             f"{fmt(r['acceptance_rate'], '.1%')} | {fmt(r['mean_acceptance_length'], '.2f')} | "
             f"{_lengths(r['draft_lengths'])} |"

@@ -6,4 +6,14 @@ scripts/setup.sh smollm2-135m gemma3-270m qwen2.5-coder-0.5b
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_ENABLE_V1_MULTIPROCESSING="${VLLM_ENABLE_V1_MULTIPROCESSING:-0}"
 export TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
+if [ $# -gt 0 ]; then
+  exec "${pytest[@]}" "$@"
+fi
+# The whole suite in two passes: the tests that start no engine on both cores
+# (pytest-xdist), then the e2e modules, which run two engines at a time themselves.
+# Both passes always run; the exit status is the first failure's.
+status=0
+"${pytest[@]}" -m "not e2e" -n 2 || status=$?
+"${pytest[@]}" -m e2e || { s=$?; [ "$status" -ne 0 ] || status=$s; }
+exit "$status"

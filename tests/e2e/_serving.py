@@ -18,7 +18,12 @@ COMMON = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--genera
 
 def start(model: str, extra: list[str], log: Path) -> ServerProcess:
     """A `vllm serve` of ``model`` with the tests' common flags, ready to serve."""
-    return ServerProcess(model, COMMON + extra, log).start()
+    return launch(model, extra, log).wait_ready()
+
+
+def launch(model: str, extra: list[str], log: Path) -> ServerProcess:
+    """The same, launched without waiting (call ``wait_ready()``)."""
+    return ServerProcess(model, COMMON + extra, log).launch()
 
 
 def client(server: ServerProcess) -> openai.OpenAI:

@@ -5,6 +5,11 @@ set (so vLLM's filters reach p through our sampler); the tokens at the positions
 drafter proposes (1 and 2; position 0 comes from the prefill) are compared with the
 same positions from the target alone by a two-sample chi-square test. A control shows
 the test has power: the target at another temperature is detected.
+
+The target alone and the control run in one engine (per-request temperatures; each
+request has its own seed, so its output does not depend on its batch), and no engine
+loads vLLM's tokenizer: prompts go in as token ids, tokenized once here. Gemma-3's
+262k-token tokenizer costs an engine ~15 s to load and deep-copy, every time.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
+from transformers import AutoTokenizer
 
 from vllm_hetero_spec.harness.evaluation import run_isolated_many
 
@@ -23,13 +29,16 @@ PROMPT = "My favourite thing about the weekend is"
 FILTERS = {"top_k": 40, "top_p": 0.95}
 
 
-def _job(target: str, seed0: int, temperature: float, spec: dict | None = None) -> dict:
+def _job(target: str, prompt: list[int], seed0: int, temperatures: list[float], spec: dict | None = None) -> dict:
+    """N requests per temperature in ``temperatures``, seeds from ``seed0``."""
+    n = N * len(temperatures)
     return {
         "target": target,
-        "prompts": [PROMPT] * N,
-        "request_seeds": list(range(seed0, seed0 + N)),
+        "prompts": [prompt] * n,
+        "request_seeds": list(range(seed0, seed0 + n)),
         "max_tokens": 3,
-        "temperature": temperature,
+        "temperatures": [t for t in temperatures for _ in range(N)],
+        "skip_tokenizer_init": True,
         "ignore_eos": True,
         "max_model_len": 256,
         "max_num_seqs": 64,
@@ -48,17 +57,25 @@ CASES = {"slem": ("slem", "inprocess"), "tli": ("tli", "inprocess"), "dtw": ("dt
 
 @pytest.fixture(scope="module")
 def runs(selected_params, gemma: str, smollm2: str) -> dict[str, dict | Exception]:
-    """The target alone at T = 1 and at T = 0.5 (the control), and every selected case,
-    two engines at a time. A fixed draft length, so that every step drafts and the test
-    keeps its power (the identity tests run the adaptive budget)."""
+    """The target alone at T = 1 and at T = 0.5 (the control) in one engine, and every
+    selected case, two engines at a time. A fixed draft length, so that every step drafts
+    and the test keeps its power (the identity tests run the adaptive budget)."""
     cases = selected_params("case")
-    jobs = {"plain": _job(gemma, 0, 1.0), "control": _job(gemma, 20_000, 0.5)}
+    prompt = AutoTokenizer.from_pretrained(gemma)(PROMPT).input_ids
+    jobs = {"target": _job(gemma, prompt, 0, [1.0, 0.5])}
     for case in cases:
         algorithm, executor = CASES[case]
-        jobs[case] = _job(gemma, 10_000, 1.0, {
+        jobs[case] = _job(gemma, prompt, 10_000, [1.0], {
             "method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": algorithm,
             "dtw_verify": "lossless", "executor": executor, "fsd_threshold": 0.0, "draft_budget": "fixed"})
-    return dict(zip(jobs, run_isolated_many(list(jobs.values()))))
+    out = dict(zip(jobs, run_isolated_many(list(jobs.values()))))
+    target = out.pop("target")
+    if isinstance(target, Exception):
+        out["plain"] = out["control"] = target
+    else:
+        out["plain"] = {**target, "token_ids": target["token_ids"][:N]}
+        out["control"] = {**target, "token_ids": target["token_ids"][N:]}
+    return out
 
 
 def _tokens(runs: dict, name: str) -> list[list[int]]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _serving import COMMON, MAX_MODEL_LEN, chat, client, complete, parallel, start, wait_for_metric
+from _serving import COMMON, MAX_MODEL_LEN, chat, client, complete, launch, parallel, wait_for_metric
 
 from vllm_hetero_spec.harness.evaluation import default_env
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
@@ -26,19 +26,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def servers(qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory):
-    """A plain server and the documented hetero server (configs/hetero.json, by path),
-    on the same target. Started one after the other: two cores."""
+def servers(plain_server: ServerProcess, qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory):
+    """The shared plain server and the documented hetero server (configs/hetero.json, by
+    path), on the same target, starting side by side."""
     logs = tmp_path_factory.mktemp("serve")
-    plain = start(qwen05, [], logs / "plain.log")
+    hetero = launch(qwen05, ["--speculative-config", str(REPO / "configs/hetero.json")], logs / "hetero.log")
     try:
-        hetero = start(qwen05, ["--speculative-config", str(REPO / "configs/hetero.json")], logs / "hetero.log")
+        plain_server.wait_ready()
+        hetero.wait_ready()
     except Exception:
-        plain.stop()
+        hetero.stop()
         raise
-    yield plain, hetero
+    yield plain_server, hetero
     hetero.stop()
-    plain.stop()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain-response", "streaming"])

@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from _serving import complete, parallel, start, wait_for_metric
+from _serving import complete, launch, parallel, wait_for_metric
 
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
@@ -21,19 +21,17 @@ POOL_MB = 16  # about ten 32-token blocks of SmolLM2's float32 KV: a few request
 JOBS = [(BRIDGE_STRESS[i % len(BRIDGE_STRESS)], 16 + (i * 5) % 17) for i in range(32)]
 
 
-def test_bounded_draft_pool_under_32_concurrent_requests(qwen05: str, smollm2: str, tmp_path: Path) -> None:
+def test_bounded_draft_pool_under_32_concurrent_requests(ready_plain_server, qwen05: str, smollm2: str,
+                                                        tmp_path: Path) -> None:
     """Sampled while the load runs, the pool never holds more than its configured bytes;
     requests that find it full run undrafted (counted), every output is still the plain
     server's, nothing fails, and the pool is empty once the load is done."""
-    plain = start(qwen05, [], tmp_path / "plain.log")
-    try:
-        want = parallel(lambda p, n: complete(plain, p, n), JOBS)
-    finally:
-        plain.stop()
     spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli",
             "draft_kv_pool_mb": POOL_MB}
-    bounded = start(qwen05, ["--speculative-config", json.dumps(spec)], tmp_path / "bounded.log")
+    bounded = launch(qwen05, ["--speculative-config", json.dumps(spec)], tmp_path / "bounded.log")
     try:
+        want = parallel(lambda p, n: complete(ready_plain_server, p, n), JOBS)
+        bounded.wait_ready()
         peak = 0.0
         with cf.ThreadPoolExecutor(max_workers=len(JOBS)) as pool:
             futures = [pool.submit(complete, bounded, p, n) for p, n in JOBS]

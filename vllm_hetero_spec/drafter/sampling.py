@@ -18,6 +18,9 @@ import torch
 # vLLM's own threshold (``SamplingParams``): a temperature below it is greedy.
 GREEDY_EPS = 1e-5
 
+# Below this share of the vocabulary a partial top-k beats a full sort comfortably.
+_TOP_K_SHARE = 0.125
+
 
 @dataclass
 class SamplingRows:
@@ -90,20 +93,37 @@ def processed_probs(logits: torch.Tensor, rows: SamplingRows, allowed: torch.Ten
     temp = torch.where(greedy, torch.ones_like(rows.temperature), rows.temperature)
     scaled = logits / temp.unsqueeze(1)
     if rows.any_filter:
-        sorted_logits, order = scaled.sort(dim=-1, descending=True)
-        rank = torch.arange(scaled.shape[1], device=scaled.device).unsqueeze(0)
-        k = torch.where(rows.top_k > 0, rows.top_k, torch.full_like(rows.top_k, scaled.shape[1]))
-        drop = rank >= k.unsqueeze(1)
-        sorted_probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop = (drop | (mass_before >= rows.top_p.unsqueeze(1))) & (rank > 0)
-        scaled = scaled.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+        scaled = _top_k_top_p(scaled, rows)
     probs = scaled.softmax(dim=-1)
     if rows.any_greedy:
         onehot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(1), onehot, probs)
     return probs
+
+
+def _top_k_top_p(scaled: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+    """``scaled`` ``[B, V]`` with -inf outside each row's top-k, then outside the
+    smallest prefix of those whose mass reaches top-p (the top token always stays).
+
+    When every sampling row has a top-k (greedy rows count as top-1: they become one-hot
+    anyway) and the largest is a small share of the vocabulary, only the top-k slice is
+    ranked (one partial top-k instead of a sort of the vocabulary, the drafter's largest
+    cost at T > 0 with top-k set); otherwise the whole row is sorted."""
+    vocab = scaled.shape[1]
+    temp, top_k, _ = rows.host
+    ks = [1 if t < GREEDY_EPS else k for t, k in zip(temp, top_k)]
+    if min(ks) > 0 and max(ks) <= _TOP_K_SHARE * vocab:
+        ranked, order = scaled.topk(max(ks), dim=-1)  # [B, k_max], descending
+        k = torch.where(rows.greedy, torch.ones_like(rows.top_k), rows.top_k)
+    else:
+        ranked, order = scaled.sort(dim=-1, descending=True)
+        k = torch.where(rows.top_k > 0, rows.top_k, torch.full_like(rows.top_k, vocab))
+    rank = torch.arange(ranked.shape[1], device=scaled.device).unsqueeze(0)
+    drop = rank >= k.unsqueeze(1)
+    probs = ranked.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop = (drop | (mass_before >= rows.top_p.unsqueeze(1))) & (rank > 0)
+    return torch.full_like(scaled, float("-inf")).scatter_(1, order, ranked.masked_fill(drop, float("-inf")))
 
 
 def sample(probs: torch.Tensor, rows: SamplingRows) -> torch.Tensor:

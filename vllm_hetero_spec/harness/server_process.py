@@ -50,13 +50,26 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "ServerProcess":
+        """Launch the server and wait until it is healthy."""
+        return self.launch().wait_ready()
+
+    def launch(self) -> "ServerProcess":
+        """Start the server process without waiting, so that several servers can start
+        side by side (start-up is mostly single-threaded imports and loading)."""
         cmd = [*vllm_command(), "serve", self.model, "--host", "127.0.0.1", "--port", str(self.port), *self.args]
         env = default_env()
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's normal process layout
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
+        self._deadline = time.monotonic() + self.startup_timeout
+        return self
+
+    def wait_ready(self) -> "ServerProcess":
+        """Wait until the launched server answers /health (at once if it already has);
+        stop it and raise if it exits or is not healthy within ``startup_timeout``."""
+        if self.proc is None:
+            raise RuntimeError("wait_ready() before launch()")
+        while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
@@ -65,6 +78,8 @@ class ServerProcess:
                         return self
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
+            if time.monotonic() > self._deadline:
+                break
             time.sleep(1.0)
         self.stop()
         raise TimeoutError(f"vllm serve not healthy after {self.startup_timeout} s:\n{self.log_tail()}")
