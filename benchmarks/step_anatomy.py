@@ -154,7 +154,8 @@ def main() -> None:
         plain = run({**base, "speculative_config": None})
         print(f"batch {b} plain: {plain['result']['tok_per_s']:.2f} tok/s", flush=True)
         for k in args.ks:
-            spec = {"method": "hetero", "model": draft, "num_speculative_tokens": k, "algorithm": args.algorithm}
+            spec = {"method": "hetero", "model": draft, "num_speculative_tokens": k, "algorithm": args.algorithm,
+                    "draft_budget": "fixed"}  # the anatomy of a step at this k, every step
             row = {"batch": b, **anatomy(plain, run({**base, "speculative_config": spec}), k)}
             rows.append(row)
             print(json.dumps({key: row[key] for key in ("batch", "k", "speedup", "limit", "efficiency", "v", "c")}),

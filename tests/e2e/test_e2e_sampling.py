@@ -9,7 +9,7 @@ the test has power: the target at another temperature is detected.
 The target alone and the control run in one engine (per-request temperatures; each
 request has its own seed, so its output does not depend on its batch), and no engine
 loads vLLM's tokenizer: prompts go in as token ids, tokenized once here. Gemma-3's
-262k-token tokenizer costs an engine ~15 s to load and deep-copy, every time.
+262k-token tokenizer cost an engine about 18 s (one core) to load and deep-copy.
 """
 
 from __future__ import annotations
