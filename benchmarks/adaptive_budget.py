@@ -92,14 +92,15 @@ def main() -> None:
             max_tokens = int(tokens.get(str(bs), args.max_tokens))
             plain_tps = None
             builtin = temp == 0.0 and not args.no_builtin and bs < args.fixed_from
+            repeated = first or bs >= args.repeat_from
             for name, spec in cases(draft, args.algorithm, args.k_max, sweep, builtin=builtin):
-                repeated = first or bs >= args.repeat_from
                 reps = args.repeats if repeated and (spec is None or "adaptive" in name) else 1
                 runs = []
                 for rep in range(reps):
                     job = {"target": target, "prompts": prompts[:n], "max_tokens": max_tokens,
                            "temperature": temp, "batch_size": bs, "speculative_config": spec,
-                           "request_seeds": None if args.unseeded else list(range(n)), "ignore_eos": True, "max_num_seqs": max(bs, 16),
+                           "request_seeds": None if args.unseeded else list(range(n)), "ignore_eos": True,
+                           "max_num_seqs": max(bs, 16),
                            "warmup": "full" if bs >= args.full_warmup_from else True}
                     t0 = time.time()
                     runs.append(run_isolated(job))

@@ -16,13 +16,9 @@ MAX_MODEL_LEN = 512
 COMMON = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--generation-config", "vllm", "--enforce-eager"]
 
 
-def start(model: str, extra: list[str], log: Path) -> ServerProcess:
-    """A `vllm serve` of ``model`` with the tests' common flags, ready to serve."""
-    return launch(model, extra, log).wait_ready()
-
-
 def launch(model: str, extra: list[str], log: Path) -> ServerProcess:
-    """The same, launched without waiting (call ``wait_ready()``)."""
+    """A `vllm serve` of ``model`` with the tests' common flags, launched without
+    waiting (call ``wait_ready()`` before use)."""
     return ServerProcess(model, COMMON + extra, log).launch()
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from _serving import launch
 
-from vllm_hetero_spec.harness.server_process import ServerProcess
-
 
 @pytest.fixture(scope="session")
 def plain_server(qwen05: str, tmp_path_factory: pytest.TempPathFactory):
@@ -17,8 +15,3 @@ def plain_server(qwen05: str, tmp_path_factory: pytest.TempPathFactory):
     server = launch(qwen05, [], tmp_path_factory.mktemp("serve") / "plain.log")
     yield server
     server.stop()
-
-
-@pytest.fixture
-def ready_plain_server(plain_server: ServerProcess) -> ServerProcess:
-    return plain_server.wait_ready()

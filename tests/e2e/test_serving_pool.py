@@ -21,7 +21,7 @@ POOL_MB = 16  # about ten 32-token blocks of SmolLM2's float32 KV: a few request
 JOBS = [(BRIDGE_STRESS[i % len(BRIDGE_STRESS)], 16 + (i * 5) % 17) for i in range(32)]
 
 
-def test_bounded_draft_pool_under_32_concurrent_requests(ready_plain_server, qwen05: str, smollm2: str,
+def test_bounded_draft_pool_under_32_concurrent_requests(plain_server, qwen05: str, smollm2: str,
                                                         tmp_path: Path) -> None:
     """Sampled while the load runs, the pool never holds more than its configured bytes;
     requests that find it full run undrafted (counted), every output is still the plain
@@ -30,7 +30,8 @@ def test_bounded_draft_pool_under_32_concurrent_requests(ready_plain_server, qwe
             "draft_kv_pool_mb": POOL_MB}
     bounded = launch(qwen05, ["--speculative-config", json.dumps(spec)], tmp_path / "bounded.log")
     try:
-        want = parallel(lambda p, n: complete(ready_plain_server, p, n), JOBS)
+        plain = plain_server.wait_ready()
+        want = parallel(lambda p, n: complete(plain, p, n), JOBS)
         bounded.wait_ready()
         peak = 0.0
         with cf.ThreadPoolExecutor(max_workers=len(JOBS)) as pool:

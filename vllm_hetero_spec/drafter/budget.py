@@ -279,7 +279,7 @@ class AdaptiveBudget:
         # verification cost) and nobody is prefilling; a request may have finished in it.
         steady = set(req_ids) <= set(last.req_ids) and all(s > 0 for s in sampled)
         target_s = now - last.end
-        self.allowance = self.explore_memory * self.allowance + self.explore_share * max(now - last.end + last.propose_s, 0.0)
+        self.allowance = self.explore_memory * self.allowance + self.explore_share * max(target_s + last.propose_s, 0.0)
         if steady and target_s > 0:
             self.target.add(last.tokens, target_s)
             if last.k > 0:
@@ -369,12 +369,13 @@ class AdaptiveBudget:
         step = bucket.steps
         bucket.steps += 1
         gains = np.stack([np.cumprod(self.acceptance(r)) for r in req_ids]) * np.asarray(drafting)[:, None]
+        gain = gains.sum(0)
         n_drafting = int(sum(drafting))
         # Tokens the drafting rows' states have fallen behind by, beyond the one token a
         # request that drafted last step has to read anyway (the steady catch-up).
         lump = 0.0 if lengths is None else float(sum(
             max(n - self.synced.get(r, 0) - 1, 0) for r, n, d in zip(req_ids, lengths, drafting) if d))
-        rates = self.rates(rows, gains.sum(0), n_drafting, lump, self.horizon)
+        rates = self.rates(rows, gain, n_drafting, lump, self.horizon)
         best = int(np.argmax(rates[self.min_tokens :])) + self.min_tokens
         if best > 0 and self.min_tokens == 0 and rates[best] < (1 + self.margin) * rates[0]:
             # A gain this small is inside the model's error, and drafting has a cost the
@@ -386,8 +387,8 @@ class AdaptiveBudget:
             probe = max(self.min_tokens, min(self.max_tokens, probe))
             # What the probe is expected to lose against `best`: the time its tokens
             # take beyond what they would at best's rate, its catch-up lump paid now.
-            now = self.rates(rows, gains.sum(0), n_drafting, lump)
-            emitted = rows + float(gains.sum(0)[:probe].sum())
+            now = self.rates(rows, gain, n_drafting, lump)
+            emitted = rows + float(gain[:probe].sum())
             loss = max(emitted / now[probe] - emitted / rates[best], 0.0)
             if loss <= self.allowance:
                 self.allowance -= loss

@@ -108,7 +108,11 @@ def _top_k_top_p(scaled: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     When every sampling row has a top-k (greedy rows count as top-1: they become one-hot
     anyway) and the largest is a small share of the vocabulary, only the top-k slice is
     ranked (one partial top-k instead of a sort of the vocabulary, the drafter's largest
-    cost at T > 0 with top-k set); otherwise the whole row is sorted."""
+    cost at T > 0 with top-k set); otherwise the whole row is sorted.
+
+    Not ``verify/top_k_top_p.py``: that one reproduces vLLM's masks on the target exactly
+    (boundary ties included) and may sync with the host to check them; q only has to be
+    the distribution the drafter samples from, and a draft step must not sync."""
     vocab = scaled.shape[1]
     temp, top_k, _ = rows.host
     ks = [1 if t < GREEDY_EPS else k for t, k in zip(temp, top_k)]

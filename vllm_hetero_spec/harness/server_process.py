@@ -44,6 +44,7 @@ class ServerProcess:
         self.startup_timeout = startup_timeout
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
+        self._deadline = 0.0  # set by launch()
 
     @property
     def url(self) -> str:
