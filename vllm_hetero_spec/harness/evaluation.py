@@ -27,11 +27,17 @@ def default_env() -> dict[str, str]:
     return env
 
 
-def run_isolated(job: dict[str, Any], timeout: float = 1800, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_isolated(job: dict[str, Any], timeout: float = 1800, env: dict[str, str] | None = None,
+                 core: int | None = None) -> dict[str, Any]:
     """Run :func:`run_job` on ``job`` in a child process (``env`` added to its
-    environment) and return its result."""
+    environment) and return its result. With ``core``, the whole child runs on that one
+    core: its OpenMP threads and every other thread it starts (see :func:`_pin`)."""
+    argv = [sys.executable, "-m", "vllm_hetero_spec.harness.evaluation", json.dumps(job)]
+    if core is not None:
+        argv.append(str(core))
+        env = {**(env or {}), "VLLM_CPU_OMP_THREADS_BIND": str(core)}
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_hetero_spec.harness.evaluation", json.dumps(job)],
+        argv,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -46,13 +52,13 @@ def run_isolated(job: dict[str, Any], timeout: float = 1800, env: dict[str, str]
 def run_isolated_many(jobs: list[dict[str, Any]], parallel: int | None = None,
                       timeout: float = 1800) -> list[dict[str, Any] | Exception]:
     """Run each of ``jobs`` with :func:`run_isolated`, ``parallel`` at a time (default:
-    one per CPU core), each child's OpenMP threads bound to a core of its own, and return
+    one per CPU core), each child pinned to a core of its own, and return
     their results in order; a job that failed gives its exception in its place (one
     failed configuration must not hide the others' results).
 
     Why: a short engine run is mostly start-up (imports, model loading, ~20-30 s), much
     of it single-threaded, so two children side by side shorten a test module (greedy
-    e2e: 6:36 -> 5:20); binding each to its own core keeps their compute phases from
+    e2e: 6:36 -> 5:20); pinning each to its own core keeps their compute phases from
     fighting over both cores. Results do not depend on it: a child's outputs are compared only
     with other children's, all run the same way (one thread each when parallel)."""
     cores = os.sched_getaffinity(0)
@@ -64,7 +70,7 @@ def run_isolated_many(jobs: list[dict[str, Any]], parallel: int | None = None,
         # on a list are atomic.
         core = free.pop() if parallel > 1 else None
         try:
-            return run_isolated(job, timeout, env=None if core is None else {"VLLM_CPU_OMP_THREADS_BIND": str(core)})
+            return run_isolated(job, timeout, core=core)
         except Exception as exc:  # noqa: BLE001 -- handed back in the job's place
             return exc
         finally:
@@ -235,6 +241,20 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _pin(core: int) -> None:
+    """Run this process, and every thread it starts from now on, on ``core`` alone.
+
+    Why: vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` binds only its OpenMP threads; the
+    process's other pools (started by the libraries the engine and the drafter import)
+    still spread over every core, so two engines side by side fought over both and each
+    ran 2-6x slower than alone (the sampling e2e module: a pair of engines 130 s bound
+    that way, 73 s pinned). Called before anything is imported, while the process has
+    one thread, so every later thread inherits the mask."""
+    os.sched_setaffinity(0, {core})
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        _pin(int(sys.argv[2]))
     res = run_job(json.loads(sys.argv[1]))
     print(RESULT_PREFIX + json.dumps(res), flush=True)
