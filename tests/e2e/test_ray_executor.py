@@ -11,6 +11,7 @@ its shutdown.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,17 +26,24 @@ JOB = Path(__file__).with_name("ray_job.py")
 
 
 @pytest.fixture(scope="module")
-def runs(qwen05: str, smollm2: str) -> dict:
-    plain = run_isolated({
-        "target": qwen05, "prompts": BRIDGE_STRESS, "max_tokens": 24, "temperature": 0.0,
-        "max_model_len": 1024, "speculative_config": None, "warmup": False,
-    })
-    proc = subprocess.run(
-        [sys.executable, str(JOB), qwen05, smollm2, "tli"], capture_output=True, text=True, timeout=1200,
-        env=default_env(),
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
-    assert lines, f"ray job failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}"
+def runs(qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The Ray job, and the target alone beside its start-up (pinned to one core; the
+    Ray job's start-up is mostly single-threaded: Ray's cluster, imports, loading)."""
+    logs = tmp_path_factory.mktemp("ray_job")
+    with open(logs / "out", "w+") as out, open(logs / "err", "w+") as err:
+        proc = subprocess.Popen([sys.executable, str(JOB), qwen05, smollm2, "tli"], stdout=out, stderr=err,
+                                text=True, env=default_env())
+        try:
+            plain = run_isolated({
+                "target": qwen05, "prompts": BRIDGE_STRESS, "max_tokens": 24, "temperature": 0.0,
+                "max_model_len": 1024, "speculative_config": None, "warmup": False,
+            }, core=max(os.sched_getaffinity(0)))
+            proc.wait(timeout=1200)
+        finally:
+            proc.kill()
+        out.seek(0), err.seek(0)
+        lines = [ln for ln in out.read().splitlines() if ln.startswith(RESULT_PREFIX)]
+        assert lines, f"ray job failed (exit {proc.returncode}):\n{err.read()[-6000:]}"
     return {"plain": plain["token_ids"], **json.loads(lines[-1][len(RESULT_PREFIX):])}
 
 

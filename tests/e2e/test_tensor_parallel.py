@@ -17,36 +17,54 @@ from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 
-def _job(target: str, spec: dict | None) -> dict:
+def _job(target: str, spec: dict | None, temperatures: list[float]) -> dict:
     return {
-        "target": target, "prompts": BRIDGE_STRESS[:4], "max_tokens": 16, "temperature": 0.0,
-        "max_model_len": 512, "speculative_config": spec, "warmup": False, "tensor_parallel_size": 2,
+        "target": target, "prompts": BRIDGE_STRESS[:4] * (len(temperatures) // 4), "max_tokens": 24,
+        "temperatures": temperatures, "max_model_len": 512, "speculative_config": spec, "warmup": False,
+        "tensor_parallel_size": 2,
     }
+
+
+GREEDY = [0.0] * 4
+# The in-process engine also samples, unseeded, at T = 1 (four more requests in the same
+# batch; an engine of its own would cost a minute of start-up): with
+# VLLM_HETERO_SPEC_CHECK_RANKS=1 every step's sampled tokens and proposals are compared
+# across the ranks (an all-gather of a digest).
+MIXED = GREEDY + [1.0] * 4
+
+
+def _spec(smollm2: str, executor: str) -> dict:
+    return {"method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": "tli",
+            "executor": executor}
 
 
 @pytest.fixture(scope="module")
 def plain(qwen05: str) -> dict:
-    return run_isolated(_job(qwen05, None), env=ENV)
+    return run_isolated(_job(qwen05, None, GREEDY), env=ENV)
 
 
-@pytest.mark.parametrize("executor", ["inprocess", "ray"])
-def test_tp2_identical_to_target_alone(qwen05: str, smollm2: str, plain: dict, executor: str) -> None:
-    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": "tli",
-            "executor": executor}
-    result = run_isolated(_job(qwen05, spec), env=ENV)
+@pytest.fixture(scope="module")
+def inprocess(qwen05: str, smollm2: str) -> dict:
+    return run_isolated(_job(qwen05, _spec(smollm2, "inprocess"), MIXED),
+                        env={**ENV, "VLLM_HETERO_SPEC_CHECK_RANKS": "1"})
+
+
+def test_tp2_inprocess_identical_to_target_alone(plain: dict, inprocess: dict) -> None:
+    assert inprocess["token_ids"][:4] == plain["token_ids"]
+    assert inprocess["num_accepted_tokens"] > 0
+
+
+def test_tp2_ray_identical_to_target_alone(qwen05: str, smollm2: str, plain: dict) -> None:
+    result = run_isolated(_job(qwen05, _spec(smollm2, "ray"), GREEDY), env=ENV)
     assert result["token_ids"] == plain["token_ids"]
     assert result["num_accepted_tokens"] > 0
 
 
-def test_tp2_ranks_agree_at_t1_without_seeds(qwen05: str, smollm2: str) -> None:
+def test_tp2_ranks_agree_at_t1_without_seeds(inprocess: dict) -> None:
     """Sampling without seeds draws from each rank's global RNG (the verifier's unseeded
     uniforms and noise, vLLM's bonus tokens): the drafter must neither draw from it nor
-    shift it on one rank only. With VLLM_HETERO_SPEC_CHECK_RANKS=1 every step's sampled
-    tokens and proposals are compared across the ranks (an all-gather of a digest)."""
-    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": "tli"}
-    job = {**_job(qwen05, spec), "temperature": 1.0, "max_tokens": 24}
-    result = run_isolated(job, env={**ENV, "VLLM_HETERO_SPEC_CHECK_RANKS": "1"})
-    ranks = result["worker_metrics"]
-    assert len(ranks) == 2 and result["num_accepted_tokens"] > 0, (ranks, result["num_accepted_tokens"])
+    shift it on one rank only."""
+    ranks = inprocess["worker_metrics"]
+    assert len(ranks) == 2 and inprocess["num_accepted_tokens"] > 0, (ranks, inprocess["num_accepted_tokens"])
     assert all(r["rank_checks"] > 10 for r in ranks), ranks
     assert all(r["rank_mismatches"] == 0 for r in ranks), ranks
