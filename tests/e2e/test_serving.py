@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from _serving import COMMON, MAX_MODEL_LEN, chat, client, complete, launch, parallel, wait_for_metric
 
@@ -109,8 +110,6 @@ BAD_REQUESTS = {
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(servers, case: str) -> None:
-    import httpx
-
     _, hetero = servers
     body = {"model": hetero.model, **BAD_REQUESTS[case]}
     # json.dumps escapes a lone surrogate as \ud800, as any JSON client would send it.
