@@ -52,8 +52,8 @@ MUTATIONS = [
     Mutation(
         "bias", "the acceptance ratio inflated by 0.5%",
         "vllm_hetero_spec/verify/rules.py",
-        "uniform * q_x <= p_x)",
-        "uniform * q_x <= p_x * 1.005)",
+        "accept = uniform * q_x <= p_x\n",
+        "accept = uniform * q_x <= p_x * 1.005\n",
         ("tests/verify/test_rules_power.py",),
     ),
     Mutation(
@@ -88,7 +88,7 @@ MUTATIONS = [
     Mutation(
         "residual", "the rejected position emits a sample of p instead of the residual",
         "vllm_hetero_spec/verify/rules.py",
-        "residual = (p_rej - q_rej).clamp(min=0.0)",
+        "residual = _dense_q(q_sel, x_rej, vocab).to(p_rej.dtype).neg_().add_(p_rej).clamp_(min=0.0)",
         "residual = p_rej.clone()",
         ("tests/verify/test_rules_lossless.py",),
     ),
