@@ -248,8 +248,8 @@ def _pin(core: int) -> None:
     process's other pools (started by the libraries the engine and the drafter import)
     still spread over every core, so two engines side by side fought over both and each
     ran 2-6x slower than alone (the sampling e2e module: a pair of engines 130 s bound
-    that way, 73 s pinned). Called before anything is imported, while the process has
-    one thread, so every later thread inherits the mask."""
+    that way, 73 s pinned). Called before vLLM, torch or any other library is imported,
+    while the process has one thread, so every later thread inherits the mask."""
     os.sched_setaffinity(0, {core})
 
 
