@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_hetero_spec.harness.evaluation import run_isolated_many
+from vllm_hetero_spec.harness.evaluation import run_isolated_many, unwrap
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
 
@@ -56,17 +56,10 @@ def runs(request: pytest.FixtureRequest, selected_params, smollm2: str) -> dict[
     return dict(zip(names, run_isolated_many(jobs)))
 
 
-def _result(runs: dict, name: str) -> dict:
-    result = runs[name]
-    if isinstance(result, Exception):
-        raise result
-    return result
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_identical_to_target_alone(case: str, runs: dict) -> None:
-    plain = _result(runs, f"plain:{CASES[case][0]}")
-    spec = _result(runs, case)
+    plain = unwrap(runs[f"plain:{CASES[case][0]}"])
+    spec = unwrap(runs[case])
     assert len(plain["token_ids"]) == len(BRIDGE_STRESS) >= 8
     for prompt, a, b in zip(BRIDGE_STRESS, plain["token_ids"], spec["token_ids"]):
         assert a == b, f"output differs for prompt {prompt!r}"

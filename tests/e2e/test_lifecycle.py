@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vllm_hetero_spec.harness.evaluation import RESULT_PREFIX, default_env, run_isolated_many
+from vllm_hetero_spec.harness.evaluation import RESULT_PREFIX, default_env, run_isolated_many, unwrap
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
 
@@ -34,12 +34,9 @@ def test_preemption_gives_the_target_alone_output(qwen05: str, smollm2: str) -> 
         "target": qwen05, "prompts": BRIDGE_STRESS[:4], "max_tokens": 140, "temperature": 0.0,
         "max_model_len": 256, "warmup": False, "ignore_eos": True, "num_kv_blocks": 3,
     }
-    plain, spec = run_isolated_many([job, {**job, "speculative_config": {
+    plain, spec = map(unwrap, run_isolated_many([job, {**job, "speculative_config": {
         "method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli",
-        "draft_budget": "fixed"}}])  # every step drafts: preempted requests have draft state to rebuild
-    for result in (plain, spec):
-        if isinstance(result, Exception):
-            raise result
+        "draft_budget": "fixed"}}]))  # every step drafts: preempted requests have draft state to rebuild
     assert spec["num_preemptions"] > 0, "no preemption happened: the test proves nothing"
     assert spec["token_ids"] == plain["token_ids"]
     assert spec["num_accepted_tokens"] > 0 and spec["fallbacks"] == 0

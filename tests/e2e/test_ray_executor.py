@@ -32,7 +32,7 @@ def runs(qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory) ->
     logs = tmp_path_factory.mktemp("ray_job")
     with open(logs / "out", "w+") as out, open(logs / "err", "w+") as err:
         proc = subprocess.Popen([sys.executable, str(JOB), qwen05, smollm2, "tli"], stdout=out, stderr=err,
-                                text=True, env=default_env())
+                                env=default_env())
         try:
             plain = run_isolated({
                 "target": qwen05, "prompts": BRIDGE_STRESS, "max_tokens": 24, "temperature": 0.0,
@@ -41,7 +41,8 @@ def runs(qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory) ->
             proc.wait(timeout=1200)
         finally:
             proc.kill()
-        out.seek(0), err.seek(0)
+        out.seek(0)
+        err.seek(0)
         lines = [ln for ln in out.read().splitlines() if ln.startswith(RESULT_PREFIX)]
         assert lines, f"ray job failed (exit {proc.returncode}):\n{err.read()[-6000:]}"
     return {"plain": plain["token_ids"], **json.loads(lines[-1][len(RESULT_PREFIX):])}

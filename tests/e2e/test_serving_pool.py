@@ -1,8 +1,7 @@
 """A draft KV pool far smaller than the load needs, under a real `vllm serve`.
 
-One server at a time (each holds a target, a drafter and their caches): the plain
-server's outputs are taken first, then the bounded server is loaded with the same 32
-concurrent requests.
+The bounded server starts while the shared plain server (``conftest.py``) answers the
+32 concurrent requests; then the bounded server is loaded with the same requests, alone.
 """
 
 from __future__ import annotations

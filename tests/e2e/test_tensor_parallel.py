@@ -19,7 +19,7 @@ ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 def _job(target: str, spec: dict | None, temperatures: list[float]) -> dict:
     return {
-        "target": target, "prompts": BRIDGE_STRESS[:4] * (len(temperatures) // 4), "max_tokens": 24,
+        "target": target, "prompts": BRIDGE_STRESS[: len(temperatures)], "max_tokens": 24,
         "temperatures": temperatures, "max_model_len": 512, "speculative_config": spec, "warmup": False,
         "tensor_parallel_size": 2,
     }

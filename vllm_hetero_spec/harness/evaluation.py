@@ -81,6 +81,14 @@ def run_isolated_many(jobs: list[dict[str, Any]], parallel: int | None = None,
         return list(pool.map(one, jobs))
 
 
+def unwrap(result: dict[str, Any] | Exception) -> dict[str, Any]:
+    """One of :func:`run_isolated_many`'s results, or the exception its job raised,
+    raised here (where the caller needs that one job)."""
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 def _counter(metrics: list[Any], name: str) -> float:
     return float(sum(getattr(m, "value", 0) or 0 for m in metrics if m.name == name))
 
