@@ -31,6 +31,8 @@ from report import fmt, median
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # vLLM's inputs, built as the tests do
 from _sampler_inputs import sampling_metadata, spec_metadata  # noqa: E402
 
+from vllm_hetero_spec.verify.sampler import BatchRows  # noqa: E402
+
 OUT = Path(__file__).parent / "results"
 VOCAB = 151936
 SUPPORT = 39234  # SmolLM2-135M -> Qwen2.5: distinct target ids of the vocabulary intersection
@@ -44,7 +46,7 @@ def _inputs(b: int, k: int, greedy: bool, gen: torch.Generator) -> dict:
         metadata=spec_metadata(drafts),
         logits=logits,
         sampling=sampling_metadata(b, [0.0 if greedy else 1.0] * b),
-        req_ids=[f"r{i}" for i in range(b)],
+        rows=BatchRows([f"r{i}" for i in range(b)], [greedy] * b),
     )
 
 
@@ -54,7 +56,7 @@ def _plan(b: int, k: int, greedy: bool, gen: torch.Generator):
 
     req_ids = [f"r{i}" for i in range(b)]
     if greedy:
-        return VerifyPlan(None, {}, set(req_ids))
+        return VerifyPlan()
     support = torch.randperm(VOCAB, generator=gen)[:SUPPORT].sort().values
     probs = torch.rand(b * k, SUPPORT, generator=gen).softmax(-1)
     return VerifyPlan(DraftProbs(probs, support), {r: list(range(i * k, (i + 1) * k)) for i, r in enumerate(req_ids)})
@@ -83,7 +85,7 @@ def measure(b: int, k: int, greedy: bool, repeats: int) -> dict:
     inp = _inputs(b, k, greedy, gen)
     plan = _plan(b, k, greedy, gen)
     dense = _dense_q(b, k, greedy, gen)
-    ours = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_req_ids=lambda: inp["req_ids"])
+    ours = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_rows=lambda: inp["rows"])
     theirs = RejectionSampler(Sampler())
 
     def run_ours() -> None:

@@ -8,6 +8,17 @@ from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
+from vllm_hetero_spec.verify.sampler import BatchRows
+
+GREEDY_EPS = 1e-5  # vLLM's: below it a request is sampled greedily
+
+
+def batch_rows(req_ids: list[str], temperature: list[float] | None = None) -> BatchRows:
+    """The rows as vLLM's runner would classify them (greedy below 1e-5; all at T = 1
+    unless given)."""
+    temps = [1.0] * len(req_ids) if temperature is None else temperature
+    return BatchRows(list(req_ids), [t < GREEDY_EPS for t in temps])
+
 
 def spec_metadata(drafts: list[list[int]], device: str | torch.device = "cpu") -> SpecDecodeMetadata:
     """Each row's drafts, then its bonus position, flattened (vLLM's layout)."""
@@ -36,7 +47,7 @@ def sampling_metadata(
     """``b`` rows at temperature 1 unless given; below 1e-5 is greedy (stored as 0, as
     vLLM's input batch does)."""
     temps = [1.0] * b if temperature is None else temperature
-    greedy = [t < 1e-5 for t in temps]
+    greedy = [t < GREEDY_EPS for t in temps]
     zeros = torch.zeros(b, device=device)
     return SamplingMetadata(
         temperature=None if all(greedy) else torch.tensor([0.0 if g else t for g, t in zip(greedy, temps)],

@@ -35,7 +35,6 @@ from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings, reque
 from vllm_hetero_spec.drafter.budget import make_budget
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.executors import DraftExecutor, make_executor
-from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
 from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.verify.plan import VerifyPlan
 
@@ -229,6 +228,12 @@ class HeteroProposer:
                 logger.warning("request %s: %s; using fsd_threshold=%s", req_id, err, tau)
         return RequestParams(float(p.temperature), int(p.top_k or 0), float(p.top_p), p.seed, tau)
 
+    def _grammar_cut(self, req_id: str) -> bool:
+        """Whether vLLM's scheduler cuts this request's drafts at the first token its
+        grammar rejects (structured outputs): verified one-hot then (``verify/plan.py``)."""
+        p = self.runner.requests[req_id].sampling_params
+        return p is not None and p.structured_outputs is not None
+
     def _layout(self, req_ids: list[str], rows: list[int], drafts: StepDrafts) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in req_ids]
         for row, ids in zip(rows, drafts.ids):
@@ -236,7 +241,8 @@ class HeteroProposer:
         return out
 
     def _install(self, req_ids: list[str], rows: list[int], drafts: StepDrafts | None) -> None:
-        """Set this step's verification plan, keyed by request id."""
+        """Set this step's verification plan, keyed by request id (greedy rows are the
+        sampler's to tell, from vLLM's batch)."""
         self._plan = None
         if drafts is None:
             return
@@ -248,8 +254,8 @@ class HeteroProposer:
             req_id = req_ids[row]
             if drafts.q is not None:
                 plan.q_index[req_id] = drafts.q_index[i]
-            if self._params(req_id).temperature < GREEDY_EPS:
-                plan.greedy.add(req_id)
+            if self._grammar_cut(req_id):
+                plan.one_hot.add(req_id)
             if i in drafts.force_reject:
                 plan.force_reject[req_id] = drafts.force_reject[i]
             if fsd and drafts.fsd_threshold is not None:

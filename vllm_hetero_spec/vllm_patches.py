@@ -157,7 +157,13 @@ def _patch_model_runner() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_hetero_spec.proposer import HeteroProposer
-    from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
+    from vllm_hetero_spec.verify.sampler import BatchRows, HeteroRejectionSampler
+
+    def _batch_rows(batch: Any) -> BatchRows:
+        """The rows as vLLM's input batch holds them, greedy as vLLM classified them
+        (``greedy_reqs``: the rows whose temperature it stored as 0)."""
+        req_ids = list(batch.req_ids)
+        return BatchRows(req_ids, [r in batch.greedy_reqs for r in req_ids])
 
     def _hetero_drafter(runner: GPUModelRunner) -> HeteroProposer | None:
         """The runner's drafter when it is ours (the patches leave other methods alone)."""
@@ -173,7 +179,7 @@ def _patch_model_runner() -> None:
         if drafter is not None:
             drafter.attach_runner(self)
             self.rejection_sampler = HeteroRejectionSampler(
-                self.sampler, self.speculative_config, self.device, batch_req_ids=lambda: self.input_batch.req_ids
+                self.sampler, self.speculative_config, self.device, batch_rows=lambda: _batch_rows(self.input_batch)
             )
 
     propose = GPUModelRunner.propose_draft_token_ids

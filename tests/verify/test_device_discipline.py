@@ -95,7 +95,7 @@ def _fake_plan(device: torch.device, vocab: int):
     support = torch.arange(0, vocab, 2, device=device)
     q = DraftProbs(torch.rand(5, support.shape[0], device=device), support)
     return VerifyPlan(
-        q, {"a": [0, 1], "b": [2, -1], "c": [3, 4]}, {"b"}, {"c": [False, True]}, {"a": 0.1, "c": 0.0}, "js"
+        q, {"a": [0, 1], "b": [2, -1], "c": [3, 4]}, set(), {"c": [False, True]}, {"a": 0.1, "c": 0.0}, "js"
     )
 
 
@@ -118,7 +118,7 @@ def test_sampler_adapter_stays_on_device(temperatures: list[float]) -> None:
     nothing reads a device value back. (vLLM's top-k/top-p fallback without Triton uses
     Python indexing, which fake tensors cannot run on a "cuda" device; on CUDA vLLM
     runs its Triton kernel there. That path is vLLM's, not ours.)"""
-    from _sampler_inputs import sampling_metadata, spec_metadata
+    from _sampler_inputs import batch_rows, sampling_metadata, spec_metadata
 
     import vllm_hetero_spec
     from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
@@ -127,7 +127,8 @@ def test_sampler_adapter_stays_on_device(temperatures: list[float]) -> None:
     vocab, drafts = 64, [[1, 2], [3, 4], [5, 6]]
     with FakeTensorMode(allow_non_fake_inputs=False):
         logits = torch.randn(9, vocab, device=CUDA)
-        sampler = HeteroRejectionSampler(_BonusArgmax(), None, CUDA, batch_req_ids=lambda: ["a", "b", "c"])
+        rows = batch_rows(["a", "b", "c"], temperatures)
+        sampler = HeteroRejectionSampler(_BonusArgmax(), None, CUDA, batch_rows=lambda: rows)
         sampler.plan = _fake_plan(CUDA, vocab)
         meta = sampling_metadata(3, temperatures, device=CUDA)
         out = sampler(spec_metadata(drafts, CUDA), None, logits, meta).sampled_token_ids
@@ -145,10 +146,12 @@ def test_verify_tokens_stays_on_device() -> None:
         block = _fake_plan(CUDA, vocab).layout(["a", "b", "c"], [2, 2, 2], 2, probs.device)  # the logits' device
         flat = torch.arange(6, device=CUDA).view(3, 2)
         ids = torch.randint(0, vocab, (3, 2), device=CUDA)
-        noise_rows = torch.tensor(block.sampled, device=CUDA)
+        sampled = [0, 2]
+        noise_rows = torch.tensor(sampled, device=CUDA)
         out = verify_tokens(
             ids, torch.full((3,), 2, device=CUDA), flat, probs, block.q, torch.zeros(3, dtype=torch.long, device=CUDA),
             torch.tensor([False, True, False], device=CUDA), torch.rand(3, 2, dtype=torch.float64, device=CUDA),
-            torch.rand(len(block.sampled), vocab, device=CUDA), noise_rows, block.force_reject, block.fuzzy,
+            torch.rand(len(sampled), vocab, device=CUDA), noise_rows, block.force_reject, block.fuzzy,
+            target_argmax=probs.argmax(dim=1),
         )
         assert out.device.type == "cuda" and out.shape == (3, 3)

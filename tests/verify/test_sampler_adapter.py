@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _sampler_inputs import sampling_metadata, spec_metadata
+from _sampler_inputs import batch_rows, sampling_metadata, spec_metadata
 from _stats import assert_follows
 from vllm.v1.sample.sampler import Sampler
 
@@ -57,14 +57,13 @@ def _verify(rows: list[dict], k: int, seed: int = 0) -> torch.Tensor:
         req_ids.append(f"r{i}")
         plan.q_index[f"r{i}"] = list(range(start, start + len(r["drafts"])))
         start += len(r["drafts"])
-        if r["temperature"] == 0:
-            plan.greedy.add(f"r{i}")
     gens = {i: torch.Generator().manual_seed(r["seed"]) for i, r in enumerate(rows) if r["seed"] is not None}
     meta = sampling_metadata(
         len(rows), [r["temperature"] for r in rows], top_k=[r["top_k"] for r in rows],
         top_p=[r["top_p"] for r in rows], generators=gens,
     )
-    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_req_ids=lambda: req_ids)
+    rows_now = batch_rows(req_ids, [r["temperature"] for r in rows])
+    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_rows=lambda: rows_now)
     sampler.plan = plan
     return sampler(spec_metadata(drafts), None, logits, meta).sampled_token_ids
 

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from _sampler_inputs import sampling_metadata, spec_metadata
+from _sampler_inputs import batch_rows, sampling_metadata, spec_metadata
 
 import vllm_hetero_spec
 from vllm_hetero_spec.config import HeteroConfigError, parse_settings, request_fsd_threshold
@@ -181,12 +181,11 @@ def test_greedy_fsd_compares_the_models_untempered_distributions() -> None:
 
 
 def test_plan_follows_the_verify_time_batch_order() -> None:
-    plan = VerifyPlan(None, {}, {"a"}, {"b": [False, True, False]}, {"a": 0.2, "b": 0.0}, divergence="kl", topk=4)
+    plan = VerifyPlan(None, {}, set(), {"b": [False, True, False]}, {"a": 0.2, "b": 0.0}, divergence="kl", topk=4)
     cpu = torch.device("cpu")
     block = plan.layout(["c", "b", "a"], [2, 2, 1], 2, cpu)
     assert block.force_reject.tolist() == [[False, False], [False, True], [False, False]]
     assert block.fuzzy is None  # no q rows, nothing to compare
-    assert block.sampled == [0, 1]  # "a" is greedy: no random draws for it
     from vllm_hetero_spec.verify.draft_probs import DraftProbs
 
     plan.q, plan.q_index = DraftProbs(torch.ones(2, 3) / 3, torch.arange(3)), {"a": [1], "b": [-1, 0]}
@@ -195,7 +194,21 @@ def test_plan_follows_the_verify_time_batch_order() -> None:
     assert block.fuzzy.threshold.tolist() == [0.0, 0.0, 0.2]  # an unknown request verifies losslessly
     assert (block.fuzzy.divergence, block.fuzzy.topk) == ("kl", 4)
     empty = VerifyPlan().layout(["a"], [2], 2, cpu)
-    assert (empty.q, empty.force_reject, empty.fuzzy, empty.sampled) == (None, None, None, [0])
+    assert (empty.q, empty.force_reject, empty.fuzzy) == (None, None, None)
+
+
+def test_one_hot_requests_lose_q_forced_rejections_and_tau() -> None:
+    """A grammar-cut request is verified one-hot: no q row, no forced rejection, tau 0;
+    the other rows keep theirs."""
+    from vllm_hetero_spec.verify.draft_probs import DraftProbs
+
+    q = DraftProbs(torch.ones(4, 3) / 3, torch.arange(3))
+    plan = VerifyPlan(q, {"a": [0, 1], "b": [2, 3]}, {"b"}, {"a": [False, True], "b": [True, False]},
+                      {"a": 0.2, "b": 0.3})
+    block = plan.layout(["b", "a"], [2, 2], 2, torch.device("cpu"))
+    assert block.q.index.tolist() == [[-1, -1], [0, 1]]
+    assert block.force_reject.tolist() == [[False, False], [False, True]]
+    assert block.fuzzy.threshold.tolist() == [0.0, 0.2]
 
 
 # -- configuration ------------------------------------------------------------------------
@@ -276,7 +289,7 @@ def test_sampler_applies_the_proposers_plan() -> None:
         q, {"c": [4, 5], "a": [0, 1], "b": [2, 3]}, set(), {"a": [False, True]}, {"c": 10.0, "a": 0.0}, "js"
     )
     batch = ["a", "b", "c"]
-    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_req_ids=lambda: batch)
+    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_rows=lambda: batch_rows(batch))
     sampler.plan = plan
     out = sampler(spec_metadata(drafts), None, logits, sampling_metadata(3)).sampled_token_ids
     assert out.tolist() == [[1, 2, PLACEHOLDER], [1, 2, 3], [3, 3, 0]]

@@ -4,9 +4,20 @@ The proposer fills a :class:`VerifyPlan` when it drafts; the runner's propose ho
 it to the rejection sampler, which lays it out for the batch as it stands at
 verification (vLLM may reorder or condense the batch in between, so rows are matched by
 request id, as vLLM matches its own draft probabilities). It is the one route from
-drafting to verification: the draft distributions in compact form, which requests are
-verified greedily (so no random draws are made for them), ``union``'s forced rejections
-and ``fsd``'s thresholds.
+drafting to verification: the draft distributions in compact form, which requests must
+be verified one-hot, ``union``'s forced rejections and ``fsd``'s thresholds. Which rows
+are greedy is not part of it: the sampler takes that from vLLM's batch.
+
+**Why some requests are verified one-hot.** With structured outputs, vLLM's scheduler
+keeps only the grammar-valid prefix of a draft (``Scheduler.update_draft_token_ids``),
+so whether a position is verified at all depends on the value drafted there: the law
+of a verified proposal is q restricted to the valid tokens, not q. Verifying with q
+would then bias every rule that reads a real q (``tli``, ``union``, ``fsd``, ``slrs``'s
+first token; a toy case: p = (.5, .5, 0), q = (.9, 0, .1) emits (.549, .451)). One-hot
+verification (accept x with probability p(x), else a sample of p conditioned on not x)
+emits exactly p whatever chose x, so it is exact under any cut that depends on the
+draft. Such a request keeps its proposals and loses its q rows, ``union``'s forced
+rejections (its placeholder is then an ordinary one-hot proposal) and ``fsd``'s tau.
 """
 
 from __future__ import annotations
@@ -28,13 +39,11 @@ class BlockPlan:
         q: the draft distributions by position, or ``None`` (all one-hot).
         force_reject: ``[B, K]`` bool, or ``None`` when nothing is forced.
         fuzzy: the fsd test, or ``None``.
-        sampled: host list of the rows verified stochastically (drafts, not greedy).
     """
 
     q: BlockQ | None
     force_reject: torch.Tensor | None
     fuzzy: FuzzyAcceptance | None
-    sampled: list[int]
 
 
 @dataclass
@@ -44,7 +53,7 @@ class VerifyPlan:
     Attributes:
         q: the step's q rows (``verify/draft_probs.py``), or ``None``.
         q_index: request id -> per proposal, its row of ``q`` or -1 (one-hot).
-        greedy: the requests verified by argmax equality.
+        one_hot: requests verified one-hot whatever the rest says (grammar-cut drafts).
         force_reject: request id -> per-position flags (``union``: the drafted token is
             not in the target vocabulary). Requests without forced rejections are absent.
         fsd_threshold: request id -> tau, or ``None`` when the algorithm is not ``fsd``.
@@ -53,7 +62,7 @@ class VerifyPlan:
 
     q: DraftProbs | None = None
     q_index: dict[str, list[int]] = field(default_factory=dict)
-    greedy: set[str] = field(default_factory=set)
+    one_hot: set[str] = field(default_factory=set)
     force_reject: dict[str, list[bool]] = field(default_factory=dict)
     fsd_threshold: dict[str, float] | None = None
     divergence: str = "js"
@@ -63,20 +72,21 @@ class VerifyPlan:
         """The plan for the rows ``req_ids`` (``num_draft`` proposals each, at most
         ``k``), its tensors on ``device``, built from host lists (no sync).
 
-        A request the plan does not know (it was not drafted for at that step) gets no
-        q row, no forced rejection and tau = 0: plain lossless one-hot verification.
+        A request the plan does not know (it was not drafted for at that step), and one
+        in :attr:`one_hot`, gets no q row, no forced rejection and tau = 0: plain
+        lossless one-hot verification.
         """
-        sampled = [row for row, (r, n) in enumerate(zip(req_ids, num_draft)) if n > 0 and r not in self.greedy]
+        own = [None if r in self.one_hot else r for r in req_ids]
         q = None
         if self.q is not None:
-            index = [(self.q_index.get(r, []) + [-1] * k)[:k] for r in req_ids]
+            index = [(self.q_index.get(r, []) + [-1] * k)[:k] for r in own]
             q = BlockQ(self.q.to(device), torch.tensor(index, dtype=torch.long, device=device))
         force = None
         if self.force_reject:
-            flags = [(self.force_reject.get(r, []) + [False] * k)[:k] for r in req_ids]
+            flags = [(self.force_reject.get(r, []) + [False] * k)[:k] for r in own]
             force = torch.tensor(flags, dtype=torch.bool, device=device)
         fuzzy = None
         if self.fsd_threshold is not None and q is not None:
-            tau = [self.fsd_threshold.get(r, 0.0) for r in req_ids]
+            tau = [self.fsd_threshold.get(r, 0.0) for r in own]
             fuzzy = FuzzyAcceptance(torch.tensor(tau, dtype=torch.float64, device=device), self.divergence, self.topk)
-        return BlockPlan(q, force, fuzzy, sampled)
+        return BlockPlan(q, force, fuzzy)

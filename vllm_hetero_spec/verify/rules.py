@@ -85,7 +85,7 @@ def verify_tokens(
     noise_rows: torch.Tensor,
     force_reject: torch.Tensor | None = None,
     fuzzy: FuzzyAcceptance | None = None,
-    any_greedy: bool = True,
+    target_argmax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Verify a batch of drafts laid out as vLLM lays out the target's rows.
 
@@ -94,9 +94,8 @@ def verify_tokens(
         num_draft: ``[B]`` proposals per row (0..K).
         flat_index: ``[B, K]`` the row of ``target_probs`` scoring each position (any
             valid row for padding).
-        target_probs: ``[T, V]`` target distributions after temperature/top-k/top-p.
-            Greedy rows only read their argmax, so an all-greedy batch without ``fuzzy``
-            may pass logits here.
+        target_probs: ``[T, V]`` target distributions after temperature/top-k/top-p
+            (an all-greedy batch without ``fuzzy`` may pass logits: nothing reads p).
         q: the draft distributions, or ``None`` when every proposal is one-hot.
         bonus_ids: ``[B]`` token sampled from the target after the last draft.
         greedy: ``[B]`` bool, rows verified by argmax equality.
@@ -109,7 +108,9 @@ def verify_tokens(
             draft outside the target vocabulary). A non-greedy row needs its real q
             (``q_in``) at such a position, or its residual would be wrong.
         fuzzy: the fsd test, applied before the standard one; needs ``q``.
-        any_greedy: host-side; False (no row is greedy) skips the target's argmax.
+        target_argmax: ``[T]`` the target's greedy token per row, taken from its logits
+            as vLLM does (a float32 softmax can tie logits that differ); ``None`` when no
+            row is greedy.
 
     Returns:
         ``[B, K + 1]`` emitted tokens: accepted drafts, then the corrected or bonus token,
@@ -129,10 +130,11 @@ def verify_tokens(
         has_q = q.index >= 0
         q_at = q.probs.at(q.index.clamp(min=0).flatten(), safe_ids.flatten()).view(b, k).to(p_x.dtype)
         q_x = torch.where(has_q, q_at, torch.ones_like(p_x))
-    accept = uniform * q_x <= p_x
-    if any_greedy:
-        target_argmax = target_probs.argmax(dim=1).index_select(0, flat_rows).view(b, k)
-        accept = torch.where(greedy.unsqueeze(1), target_argmax == draft_ids, accept)
+    # Strict: a uniform of exactly 0 must not accept a token the target rules out.
+    accept = uniform * q_x < p_x
+    if target_argmax is not None:
+        argmax_at = target_argmax.index_select(0, flat_rows).view(b, k)
+        accept = torch.where(greedy.unsqueeze(1), argmax_at == draft_ids, accept)
     if fuzzy is not None:
         tau = fuzzy.threshold.to(target_probs.dtype).unsqueeze(1)
         q_block = _dense_q(q, safe_ids.flatten(), vocab).view(b, k, vocab).to(target_probs.dtype)
@@ -148,7 +150,7 @@ def verify_tokens(
         recovered = bonus_ids
     else:
         # Rows outside noise_rows are greedy, or have no drafts (recovered unused).
-        recovered = _at(target_argmax, pos) if any_greedy else bonus_ids
+        recovered = _at(argmax_at, pos) if target_argmax is not None else bonus_ids
         if noise_rows.shape[0] > 0:
             at = pos.index_select(0, noise_rows)
             p_rej = target_probs.index_select(0, _at(flat_index.index_select(0, noise_rows), at))
@@ -162,7 +164,7 @@ def verify_tokens(
             residual.addcmul_(p_rej, empty.to(residual.dtype))
             sampled = residual.div_(race_noise).argmax(dim=1)
             chosen = recovered.index_copy(0, noise_rows, sampled)
-            recovered = torch.where(greedy, recovered, chosen) if any_greedy else chosen
+            recovered = torch.where(greedy, recovered, chosen) if target_argmax is not None else chosen
     last = torch.where(n_acc < num_draft, recovered, bonus_ids)
 
     cols = torch.arange(k, device=device).unsqueeze(0)
@@ -216,7 +218,8 @@ def verify_block(
     q = None
     if draft_probs is not None:
         q = BlockQ(DraftProbs(draft_probs.reshape(b * k, vocab), torch.arange(vocab, device=device)), flat_index)
+    flat_probs = target_probs.reshape(b * k, vocab)
     return verify_tokens(
-        draft_ids, num_draft, flat_index, target_probs.reshape(b * k, vocab), q, bonus_ids, greedy, uniform,
-        race_noise, torch.arange(b, device=device), force_reject, fuzzy,
+        draft_ids, num_draft, flat_index, flat_probs, q, bonus_ids, greedy, uniform,
+        race_noise, torch.arange(b, device=device), force_reject, fuzzy, target_argmax=flat_probs.argmax(dim=1),
     )

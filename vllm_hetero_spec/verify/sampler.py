@@ -7,28 +7,50 @@ also sidesteps the CPU build's broken ``expand`` kernel path for the acceptance 
 
 Its inputs from drafting arrive as one :class:`VerifyPlan` per step, handed over by the
 runner's propose hook (``vllm_patches.py``): q in compact form, forced rejections, fsd
-thresholds, and which requests are greedy. vLLM's dense draft-probabilities slot is not
-used. Everything is created on the logits' device, random draws are made only for rows
+thresholds, and which requests must be verified one-hot. vLLM's dense
+draft-probabilities slot is not used. Which rows are greedy comes from one place, vLLM's
+own classification of the batch (:class:`BatchRows`): the device flags the rule reads and
+the host list of rows that get random draws are both built from it, so a row can never be
+verified stochastically without its uniforms. Greedy rows compare the draft with the
+argmax of the target's logits, as vLLM does (a float32 softmax can tie near-equal logits).
+Everything is created on the logits' device, random draws are made only for rows
 verified stochastically, and a seeded request draws from its own generator exactly what
 vLLM's sampler draws for it (uniforms for its own draft count, then one noise row), so
 its output does not depend on the rest of the batch.
+
+vLLM also calls the sampler with no request in the batch: the memory profile and warm-up
+(``_dummy_sampler_run``) send one dummy draft per row. Those rows are verified like real
+ones, stochastically with a dense q over the whole vocabulary (the path with the largest
+transient tensors, as vLLM's own dummy run uses probabilistic draft probabilities), or
+greedily when vLLM asks for its all-greedy variant.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from vllm.config import SpeculativeConfig
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.sample.rejection_sampler import GREEDY_TEMPERATURE, RejectionSampler, apply_sampling_constraints
+from vllm.v1.sample.rejection_sampler import RejectionSampler, apply_sampling_constraints
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
+from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.verify.plan import VerifyPlan
 from vllm_hetero_spec.verify.rules import verify_tokens
+
+
+@dataclass(frozen=True)
+class BatchRows:
+    """The rows being verified, as vLLM's runner holds them: ``req_ids[i]`` and whether
+    vLLM samples row i greedily (``SamplingType.GREEDY``: its temperature is stored as
+    0, which is what ``sampling_metadata.temperature`` then carries)."""
+
+    req_ids: Sequence[str]
+    greedy: Sequence[bool]
 
 
 def _padded_index(num_draft: list[int], k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,12 +87,28 @@ def _random_draws(
     return uniform, noise, noise_rows
 
 
+def _dummy_rows(b: int, all_greedy: bool) -> BatchRows:
+    """Rows for a batch vLLM sends without requests (profiling, warm-up)."""
+    return BatchRows([f"dummy-{i}" for i in range(b)], [all_greedy] * b)
+
+
+def _dummy_plan(b: int, num_draft: list[int], vocab: int, device: torch.device) -> VerifyPlan:
+    """A dense q row over the whole vocabulary for every dummy draft, as vLLM's own
+    dummy run passes probabilistic draft probabilities: the profile then sees the
+    largest compact q a step can hold."""
+    n = sum(num_draft)
+    probs = torch.full((n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
+    plan = VerifyPlan(DraftProbs(probs, torch.arange(vocab, device=device)))
+    starts = [sum(num_draft[:i]) for i in range(b)]
+    plan.q_index = {f"dummy-{i}": list(range(s, s + num_draft[i])) for i, s in enumerate(starts)}
+    return plan
+
+
 class HeteroRejectionSampler(RejectionSampler):
     """vLLM ``RejectionSampler`` whose acceptance step is :func:`verify_tokens`.
 
-    ``batch_req_ids`` returns the request ids of the rows being verified (the runner's
-    batch order at verification); :attr:`plan` is set before each verification and
-    used once.
+    ``batch_rows`` returns the rows being verified (the runner's batch order at
+    verification); :attr:`plan` is set before each verification and used once.
     """
 
     def __init__(
@@ -78,10 +116,10 @@ class HeteroRejectionSampler(RejectionSampler):
         sampler: Sampler,
         spec_config: SpeculativeConfig | None = None,
         device: torch.device | None = None,
-        batch_req_ids: Callable[[], Sequence[str]] | None = None,
+        batch_rows: Callable[[], BatchRows] | None = None,
     ) -> None:
         super().__init__(sampler, spec_config, device)
-        self.batch_req_ids = batch_req_ids
+        self.batch_rows = batch_rows
         self.plan: VerifyPlan | None = None
 
     def forward(
@@ -111,23 +149,21 @@ class HeteroRejectionSampler(RejectionSampler):
         device = target_logits.device
         flat_index, counts = _padded_index(num_draft, k, device)
         draft_ids = metadata.draft_token_ids.long().index_select(0, flat_index.flatten()).view(b, k)
-        req_ids = self.batch_req_ids() if self.batch_req_ids is not None else [""] * b
-        if len(req_ids) != b:
-            raise RuntimeError(f"hetero spec: verifying {b} rows but the batch holds {len(req_ids)} requests")
-        block = plan.layout(req_ids, num_draft, k, device)
-        sampled = [] if sampling_metadata.all_greedy else block.sampled
-
-        if sampling_metadata.all_greedy or sampling_metadata.temperature is None:
-            greedy = torch.ones(b, dtype=torch.bool, device=device)
-        else:
-            greedy = sampling_metadata.temperature == GREEDY_TEMPERATURE
+        rows = self.batch_rows() if self.batch_rows is not None else BatchRows([""] * b, [False] * b)
+        if not rows.req_ids and b > 0:
+            rows, plan = _dummy_rows(b, sampling_metadata.all_greedy), _dummy_plan(b, num_draft, vocab, device)
+        if len(rows.req_ids) != b or len(rows.greedy) != b:
+            raise RuntimeError(f"hetero spec: verifying {b} rows but the batch holds {len(rows.req_ids)} requests")
+        block = plan.layout(rows.req_ids, num_draft, k, device)
+        sampled = [r for r in range(b) if num_draft[r] > 0 and not rows.greedy[r]]
+        any_greedy = any(rows.greedy)
+        greedy = torch.tensor(list(rows.greedy), dtype=torch.bool, device=device)
         uniform, noise, noise_rows = _random_draws(sampled, num_draft, k, vocab, sampling_metadata.generators, device)
-        # Greedy rows read only the argmax, which softmax keeps: skip it when no row
-        # needs probabilities.
+        # Greedy rows read only the argmax: skip the softmax when no row needs p.
         target_probs = target_logits if not sampled and block.fuzzy is None else target_logits.softmax(dim=-1)
         out = verify_tokens(
             draft_ids, counts, flat_index, target_probs, block.q, bonus_ids, greedy, uniform, noise, noise_rows,
-            block.force_reject, block.fuzzy, any_greedy=not sampling_metadata.all_random,
+            block.force_reject, block.fuzzy, target_argmax=target_logits.argmax(dim=-1) if any_greedy else None,
         )
         output_token_ids = out.to(torch.int32)
 
