@@ -7,6 +7,7 @@ proposer's own sync, drafting loop, proposal mapping and verification plan.
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -27,9 +28,12 @@ K = 4
 
 
 class ScriptedRuntime:
-    """Stands in for ``DraftModelRuntime``: draft step i always samples ``script[i]``."""
+    """Stands in for ``DraftModelRuntime``: draft step i always samples ``script[i]``,
+    with probability ``confidence.get(i)`` when given (else all but 1); the rest of the
+    mass is spread evenly."""
 
     script: list[int] = []
+    confidence: dict[int, float] = {}
 
     def __init__(self, cfg) -> None:
         self.vocab_size = 49152
@@ -46,7 +50,9 @@ class ScriptedRuntime:
             assert toks, "the real runtime needs at least one new token per request"
             cache.advance(len(toks))
         logits = torch.zeros(len(caches), self.vocab_size)
-        logits[:, self.script[min(self.calls, len(self.script) - 1)]] = 60.0
+        c = self.confidence.get(self.calls)
+        top = 60.0 if c is None else math.log(c * (self.vocab_size - 1) / (1 - c))
+        logits[:, self.script[min(self.calls, len(self.script) - 1)]] = top
         self.calls += 1
         return logits
 
@@ -66,11 +72,13 @@ def bridge(smollm2: str, qwen05: str) -> VocabBridge:
 
 
 def _proposer(
-    monkeypatch, bridge: VocabBridge, smollm2: str, qwen05: str, algorithm: str, script: list[int], **extra
+    monkeypatch, bridge: VocabBridge, smollm2: str, qwen05: str, algorithm: str, script: list[int],
+    confidence: dict[int, float] | None = None, **extra
 ):
     monkeypatch.setattr(engine_module, "DraftModelRuntime", ScriptedRuntime)
     monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: bridge)
     ScriptedRuntime.script = script
+    ScriptedRuntime.confidence = confidence or {}
     settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2, num_speculative_tokens=K,
                               max_draft_tokens=K, fsd_threshold=0.05, draft_budget="fixed", **extra)
     config = SimpleNamespace(
@@ -138,8 +146,38 @@ def test_union_proposes_a_placeholder_and_stops(monkeypatch, bridge, smollm2, qw
     # reordered and grown by verification time
     block = plan.layout(["r1", "r0", "r2"], [2, 2, 0], 2, torch.device("cpu"))
     assert block.force_reject.tolist() == [[False, True], [False, True], [False, False]] and block.fuzzy is None
-    assert block.sampled == [0, 1]
     assert prop.take_verify_plan() is None  # the plan is handed over once
+
+
+@pytest.mark.parametrize("algorithm", ["tli", "slem"])
+def test_draft_stop_prob_stops_after_the_unsure_token(monkeypatch, bridge, smollm2, qwen05, algorithm) -> None:
+    """With ``draft_stop_prob`` 0.5, the drafter stops after its first token below that
+    confidence, and that token is still proposed (drafted for, so worth verifying)."""
+    a, b, _ = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, algorithm, [a, b, a, b], {1: 0.3}, draft_stop_prob=0.5)
+    _attach(prop, {"r0": SamplingParams(temperature=0.0)}, ["r0"])
+    out = _propose(prop, qwen05, 1)
+    to_target = bridge.intersection.draft_to_target
+    assert out == [[int(to_target[a]), int(to_target[b])]]
+
+
+def test_structured_output_requests_are_verified_one_hot(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """vLLM cuts a structured-output request's draft at its first grammar-invalid token,
+    so its proposals must be verified one-hot (``verify/plan.py``); the free request in
+    the same batch keeps its q rows."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    a, b, _ = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [a, b])
+    schema = StructuredOutputsParams(json={"type": "string"})
+    requests = {"json": SamplingParams(temperature=1.0, structured_outputs=schema),
+                "free": SamplingParams(temperature=1.0)}
+    _attach(prop, requests, ["json", "free"])
+    _propose(prop, qwen05, 2)
+    plan = prop.take_verify_plan()
+    assert plan.one_hot == {"json"}
+    block = plan.layout(["free", "json"], [K, K], K, torch.device("cpu"))
+    assert block.q.index.tolist() == [plan.q_index["free"], [-1] * K]
 
 
 def test_tli_never_drafts_the_absent_token(monkeypatch, bridge, smollm2, qwen05) -> None:

@@ -115,3 +115,79 @@ def test_seeded_request_does_not_depend_on_the_batch() -> None:
         assert alone.tolist() == among[:3].tolist() and int(among[3]) == -1, seed
         outcomes.add(tuple(alone.tolist()))
     assert len(outcomes) > 3, "the seeded row's outcome never varied: the test would prove nothing"
+
+
+def test_seeded_request_does_not_depend_on_its_row() -> None:
+    """The seeded row first, in the middle and last beside unseeded sampled rows: its
+    uniforms and its noise row come from its own generator wherever it sits (noise rows
+    laid out in batch order would hand it another row's draws in some of these)."""
+    seeded = dict(KINDS["seeded T=0.7 top-k 4"], drafts=[3, 1])
+    unseeded = [dict(KINDS["unseeded T=1.3 top-p 0.8"], seed=None, drafts=[1, 3, 2]),
+                dict(KINDS["unseeded T=1 top-k 5 top-p 0.9"], seed=None, drafts=[2, 0])]
+    outcomes = set()
+    for seed in range(30):
+        row = dict(seeded, seed=seed)
+        alone = _verify([row], 2, seed=100 + seed)[0].tolist()
+        for at in range(3):
+            batch = unseeded[:at] + [row] + unseeded[at:]
+            among = _verify(batch, 3, seed=300 + 7 * seed + at)[at]
+            assert among[:3].tolist() == alone and int(among[3]) == -1, (seed, at)
+        outcomes.add(tuple(alone))
+    assert len(outcomes) > 3, "the seeded row's outcome never varied: the test would prove nothing"
+
+
+def test_greedy_rows_take_the_argmax_of_the_logits() -> None:
+    """Two logits 2^-25 apart tie after a float32 softmax; vLLM's greedy token is the
+    larger logit, and so is ours, also when a sampled row makes the sampler compute p."""
+    logits = torch.tensor([0.25, 0.25 + 2**-25, -3.0])
+    assert bool(logits.softmax(-1)[0] == logits.softmax(-1)[1]), "no tie: the test would prove nothing"
+    drafts = [[1], [0]]
+    meta = sampling_metadata(2, [0.0, 1.0])
+    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"),
+                                     batch_rows=lambda: batch_rows(["g", "s"], [0.0, 1.0]))
+    padded = torch.cat([logits, torch.full((V - 3,), -30.0)])
+    out = sampler(spec_metadata(drafts), None, padded.expand(4, V).clone(), meta).sampled_token_ids
+    assert out[0].tolist() == [1, 1]
+
+
+def test_a_sampled_row_never_accepts_a_token_the_target_rules_out() -> None:
+    """Temperature 1e-5 is sampled, not greedy, for vLLM (greedy is below 1e-5): the row
+    gets its uniforms, and a draft the target gives p = 0 (top-k 1) is never accepted."""
+    rows = [dict(temperature=1e-5, top_k=1, top_p=1.0, seed=None, drafts=[5, 5]) for _ in range(64)]
+    out = _verify(rows, 2)
+    assert bool((out[:, 0] == 0).all()), out[:, 0]
+
+
+def test_dummy_batches_from_vllms_profile_run(monkeypatch) -> None:
+    """vLLM's ``_dummy_sampler_run`` (the memory profile and warm-up of every engine
+    built without enforce_eager) calls the rejection sampler with one dummy draft per
+    row and no request in the batch, sampled and then all greedy: both verify."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_hetero_spec.verify.sampler import BatchRows
+
+    calls = []
+    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_rows=lambda: BatchRows([], []))
+    original = sampler.forward
+
+    def forward(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls.append(out.sampled_token_ids)
+        return out
+
+    sampler.forward = forward
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda: None)  # no accelerator here
+    b = 16
+    runner = SimpleNamespace(
+        vllm_config=SimpleNamespace(model_config=SimpleNamespace(multimodal_config=None)),
+        model=SimpleNamespace(compute_logits=lambda h: h @ torch.randn(h.shape[1], V)),
+        device=torch.device("cpu"), sampler=Sampler(), rejection_sampler=sampler,
+        speculative_config=SimpleNamespace(rejection_sample_method="standard", draft_sample_method="greedy"),
+    )
+    GPUModelRunner._dummy_sampler_run(runner, torch.randn(b, 32))
+    assert len(calls) == 2
+    for out in calls:
+        assert out.shape == (b, 2) and bool(((out[:, 0] >= 0) & (out[:, 0] < V)).all())
+        assert bool(((out[:, 1] >= -1) & (out[:, 1] < V)).all())

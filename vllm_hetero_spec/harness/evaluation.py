@@ -136,7 +136,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     token-id lists and outputs have no text: an engine without vLLM's tokenizer starts
     about 18 s sooner on one core with Gemma-3's, which vLLM loads and deep-copies twice),
     async_scheduling (vLLM's default when absent: on for plain decoding, off with our
-    proposer).
+    proposer), enforce_eager (vLLM's default, False, when absent: what users run; True
+    skips torch.compile and its warm-up, which only makes a test start sooner).
     """
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -146,7 +147,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         model=job["target"],
         dtype=job.get("dtype", "float32"),
         max_model_len=job.get("max_model_len", 2048),
-        enforce_eager=True,
+        enforce_eager=job.get("enforce_eager", False),
         speculative_config=job.get("speculative_config"),
         disable_log_stats=False,
         seed=job.get("seed", 0),
