@@ -52,8 +52,8 @@ MUTATIONS = [
     Mutation(
         "bias", "the acceptance ratio inflated by 0.5%",
         "vllm_hetero_spec/verify/rules.py",
-        "accept = uniform * q_x <= p_x\n",
-        "accept = uniform * q_x <= p_x * 1.005\n",
+        "accept = uniform * q_x < p_x\n",
+        "accept = uniform * q_x < p_x * 1.005\n",
         ("tests/verify/test_rules_power.py",),
     ),
     Mutation(
@@ -119,6 +119,49 @@ MUTATIONS = [
         "                self.q_index[row] = self.q_index[row][:n]\n",
         "",
         ("tests/drafter/test_proposer_token_level.py", "-k", "budget"),
+    ),
+    Mutation(
+        "softmax-argmax", "greedy rows compare with the argmax of the float32 softmax, not of the logits",
+        "vllm_hetero_spec/verify/sampler.py",
+        "target_argmax=target_logits.argmax(dim=-1) if any_greedy else None",
+        "target_argmax=target_logits.softmax(dim=-1).argmax(dim=-1) if any_greedy else None",
+        ("tests/verify/test_sampler_adapter.py", "-k", "argmax"),
+    ),
+    Mutation(
+        "threshold", "the acceptance test u * q < p turned into <=",
+        "vllm_hetero_spec/verify/rules.py",
+        "accept = uniform * q_x < p_x\n",
+        "accept = uniform * q_x <= p_x\n",
+        ("tests/verify/test_rules_battery.py", "-k", "zero_uniform"),
+    ),
+    Mutation(
+        "drop-stop-token", "draft_stop_prob drops the unsure token instead of stopping after it",
+        "vllm_hetero_spec/drafter/engine.py",
+        "                tok, tok_q = int(host[j][0]), host[j][1]\n",
+        "                tok, tok_q = int(host[j][0]), host[j][1]\n"
+        "                if stop_prob > 0 and host[j][-1] < stop_prob:\n                    continue\n",
+        ("tests/drafter/test_proposer_token_level.py", "-k", "stop_prob"),
+    ),
+    Mutation(
+        "noise-order", "verification noise rows laid out in batch order (seeded rows get other rows' draws)",
+        "vllm_hetero_spec/verify/sampler.py",
+        "noise_rows = torch.tensor(unseeded + seeded, dtype=torch.long, device=device)",
+        "noise_rows = torch.tensor(sorted(unseeded + seeded), dtype=torch.long, device=device)",
+        ("tests/verify/test_sampler_adapter.py", "-k", "its_row"),
+    ),
+    Mutation(
+        "grammar-q", "grammar-cut drafts (structured outputs) verified with the real q",
+        "vllm_hetero_spec/verify/plan.py",
+        "own = [None if r in self.one_hot else r for r in req_ids]",
+        "own = list(req_ids)",
+        ("tests/verify/test_grammar_cut.py", "-k", "follow"),
+    ),
+    Mutation(
+        "batch-length", "every row drafts the step's longest length (its stream advances by the batch's k)",
+        "vllm_hetero_spec/drafter/engine.py",
+        "                if step + 1 < row_steps[i]:\n",
+        "                if True:\n",
+        ("tests/drafter/test_proposer_token_level.py", "-k", "own_length"),
     ),
     Mutation(
         "blind-budget", "the adaptive budget takes every draft as accepted",

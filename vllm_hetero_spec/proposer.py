@@ -183,6 +183,7 @@ class HeteroProposer:
                     [token_ids_cpu[r, : int(num_tokens_no_spec[r])].copy() for r in rows],
                     [self._params(req_ids[r]) for r in rows],
                     max(lengths),
+                    [lengths[r] for r in rows],
                 )
                 drafts = self.executor.step(batch, set(self.runner.requests))
                 if drafts is not None:

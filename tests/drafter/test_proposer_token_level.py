@@ -161,6 +161,28 @@ def test_draft_stop_prob_stops_after_the_unsure_token(monkeypatch, bridge, smoll
     assert out == [[int(to_target[a]), int(to_target[b])]]
 
 
+@pytest.mark.parametrize("algorithm", ["tli", "slem"])
+def test_a_seeded_request_draws_for_its_own_length(monkeypatch, bridge, smollm2, qwen05, algorithm) -> None:
+    """A request capped at 2 proposals beside one capped at 4 drafts only its own 2, so
+    its seeded stream advances as it does alone: its next step's drafts are the same."""
+    from vllm_hetero_spec.drafter.messages import StepBatch
+
+    a, _, _ = _ids(bridge)
+    prompt = AutoTokenizer.from_pretrained(qwen05).encode("The quick brown fox jumps over the")
+
+    def next_drafts(rows: list[str], caps: list[int]) -> list[int]:
+        # Nearly uniform drafts: which tokens come out depends on the stream's state.
+        prop = _proposer(monkeypatch, bridge, smollm2, qwen05, algorithm, [a] * 64, {i: 0.01 for i in range(64)})
+        engine = prop.executor.engine
+        params = [RequestParams(temperature=1.0, seed=5 if r == "s" else None) for r in rows]
+        engine.step(StepBatch(rows, [np.array(prompt)] * len(rows), params, max(caps), caps))
+        grown = [np.array(prompt + [prompt[-1]])] * len(rows)
+        return engine.step(StepBatch(rows, grown, params, 2, [2] * len(rows))).ids[rows.index("s")]
+
+    alone = next_drafts(["s"], [2])
+    assert alone and alone == next_drafts(["o", "s"], [4, 2])
+
+
 def test_structured_output_requests_are_verified_one_hot(monkeypatch, bridge, smollm2, qwen05) -> None:
     """vLLM cuts a structured-output request's draft at its first grammar-invalid token,
     so its proposals must be verified one-hot (``verify/plan.py``); the free request in

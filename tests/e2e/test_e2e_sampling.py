@@ -27,23 +27,35 @@ from vllm_hetero_spec.harness.evaluation import run_isolated_many, unwrap
 N = 240
 PROMPT = "My favourite thing about the weekend is"
 FILTERS = {"top_k": 40, "top_p": 0.95}
+# A JSON string of lowercase letters and spaces: many of the drafter's tokens (capitals,
+# punctuation, newlines) are invalid, so vLLM cuts drafts often (verified one-hot).
+SCHEMA = {"type": "string", "pattern": "^[a-z ]+$"}
+# The algorithms that verify with a real q, also run with structured outputs.
+JSON_CASES = ("tli", "union")
 
 
-def _job(target: str, prompt: list[int], seed0: int, temperatures: list[float], spec: dict | None = None) -> dict:
-    """N requests per temperature in ``temperatures``, seeds from ``seed0``."""
-    n = N * len(temperatures)
+def _job(target: str, prompt: list[int], seed0: int, temperatures: list[float], spec: dict | None = None,
+         json_rows: bool = False) -> dict:
+    """N requests per temperature in ``temperatures``, then (``json_rows``) N more at
+    T = 1 whose output must follow :data:`SCHEMA`; seeds from ``seed0``."""
+    temps = [t for t in temperatures for _ in range(N)]
+    schemas = [None] * len(temps) + [SCHEMA] * (N if json_rows else 0)
+    temps += [1.0] * (N if json_rows else 0)
     return {
         "target": target,
-        "prompts": [prompt] * n,
-        "request_seeds": list(range(seed0, seed0 + n)),
+        "prompts": [prompt] * len(temps),
+        "request_seeds": list(range(seed0, seed0 + len(temps))),
         "max_tokens": 3,
-        "temperatures": [t for t in temperatures for _ in range(N)],
-        "skip_tokenizer_init": True,
+        "temperatures": temps,
+        "json_schemas": schemas,
+        # Structured outputs need vLLM's tokenizer (the grammar is compiled over it).
+        "skip_tokenizer_init": not json_rows,
         "ignore_eos": True,
         "max_model_len": 256,
         "max_num_seqs": 64,
         "speculative_config": spec,
         "warmup": False,
+        "enforce_eager": True,  # start sooner; default flags: test_e2e_greedy, test_serving
         **FILTERS,
     }
 
@@ -62,19 +74,22 @@ def runs(selected_params, gemma: str, smollm2: str) -> dict[str, dict | Exceptio
     and the test keeps its power (the identity tests run the adaptive budget)."""
     cases = selected_params("case")
     prompt = AutoTokenizer.from_pretrained(gemma)(PROMPT).input_ids
-    jobs = {"target": _job(gemma, prompt, 0, [1.0, 0.5])}
+    jobs = {"target": _job(gemma, prompt, 0, [1.0, 0.5], json_rows=True)}
     for case in cases:
         algorithm, executor = CASES[case]
         jobs[case] = _job(gemma, prompt, 10_000, [1.0], {
             "method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": algorithm,
-            "dtw_verify": "lossless", "executor": executor, "fsd_threshold": 0.0, "draft_budget": "fixed"})
+            "dtw_verify": "lossless", "executor": executor, "fsd_threshold": 0.0, "draft_budget": "fixed"},
+            json_rows=case in JSON_CASES)
     out = dict(zip(jobs, run_isolated_many(list(jobs.values()))))
-    target = out.pop("target")
-    if isinstance(target, Exception):
-        out["plain"] = out["control"] = target
-    else:
-        out["plain"] = {**target, "token_ids": target["token_ids"][:N]}
-        out["control"] = {**target, "token_ids": target["token_ids"][N:]}
+    for name in ["target", *JSON_CASES]:
+        if name not in out:
+            continue
+        result = out.pop(name)
+        parts = ("plain", "control", "json") if name == "target" else (name, f"{name}-json")
+        for i, part in enumerate(parts):
+            out[part] = result if isinstance(result, Exception) else {
+                **result, "token_ids": result["token_ids"][i * N:(i + 1) * N]}
     return out
 
 
@@ -103,6 +118,16 @@ def _pvalue(a: list[int], b: list[int]) -> float:
 @pytest.mark.parametrize("case", list(CASES))
 def test_output_distribution_matches_target(runs: dict, case: str) -> None:
     plain, spec = _tokens(runs, "plain"), _tokens(runs, case)
+    for pos in (1, 2):
+        p = _pvalue([o[pos] for o in plain], [o[pos] for o in spec])
+        assert p > 1e-3, f"{case}: position {pos} distribution differs from the target's (p={p:.1e})"
+
+
+@pytest.mark.parametrize("case", JSON_CASES)
+def test_structured_output_distribution_matches_target(runs: dict, case: str) -> None:
+    """With a JSON schema, vLLM cuts each draft at its first invalid token; those
+    requests are verified one-hot, and their outputs follow the constrained target's."""
+    plain, spec = _tokens(runs, "json"), _tokens(runs, f"{case}-json")
     for pos in (1, 2):
         p = _pvalue([o[pos] for o in plain], [o[pos] for o in spec])
         assert p > 1e-3, f"{case}: position {pos} distribution differs from the target's (p={p:.1e})"

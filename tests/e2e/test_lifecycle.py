@@ -33,6 +33,7 @@ def test_preemption_gives_the_target_alone_output(qwen05: str, smollm2: str) -> 
     job = {
         "target": qwen05, "prompts": BRIDGE_STRESS[:4], "max_tokens": 140, "temperature": 0.0,
         "max_model_len": 256, "warmup": False, "ignore_eos": True, "num_kv_blocks": 3,
+        "enforce_eager": True,  # start sooner; default flags: test_e2e_greedy, test_serving
     }
     plain, spec = map(unwrap, run_isolated_many([job, {**job, "speculative_config": {
         "method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli",

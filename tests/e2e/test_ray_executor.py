@@ -37,6 +37,7 @@ def runs(qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory) ->
             plain = run_isolated({
                 "target": qwen05, "prompts": BRIDGE_STRESS, "max_tokens": 24, "temperature": 0.0,
                 "max_model_len": 1024, "speculative_config": None, "warmup": False,
+                "enforce_eager": True,  # as the Ray job (ray_job.py)
             }, core=max(os.sched_getaffinity(0)))
             proc.wait(timeout=1200)
         finally:

@@ -22,6 +22,7 @@ def _job(target: str, spec: dict | None, temperatures: list[float]) -> dict:
         "target": target, "prompts": BRIDGE_STRESS[: len(temperatures)], "max_tokens": 24,
         "temperatures": temperatures, "max_model_len": 512, "speculative_config": spec, "warmup": False,
         "tensor_parallel_size": 2,
+        "enforce_eager": True,  # start sooner; default flags: test_e2e_greedy, test_serving
     }
 
 

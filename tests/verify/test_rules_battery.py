@@ -408,3 +408,16 @@ def test_fsd_bias_grows_with_threshold(name: str) -> None:
             expected = float((a.squeeze(1) * (d <= tau)).mean()) * 0.5 * float((r - p).abs().sum())
             assert abs(tvs[-1] - expected) < 0.01, (tau, tvs[-1], expected)
     assert all(x < y for x, y in zip(tvs, tvs[1:])), tvs
+
+
+def test_zero_uniform_never_accepts_a_token_the_target_rules_out() -> None:
+    """A uniform draw of exactly 0 (float64: rare, not impossible) must not accept a
+    draft whose target probability is 0: the test is u * q < p, strictly."""
+    v = 4
+    p = torch.tensor([[[0.0, 0.5, 0.5, 0.0]]])  # [B=1, K=1, V]
+    q = torch.tensor([[[1.0, 0.0, 0.0, 0.0]]])
+    out = verify_block(
+        torch.tensor([[0]]), torch.tensor([1]), p, q, torch.tensor([1]), torch.tensor([False]),
+        torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, v),
+    )
+    assert int(out[0, 0]) != 0

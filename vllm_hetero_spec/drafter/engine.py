@@ -138,7 +138,8 @@ class DraftEngine:
         t1 = time.perf_counter()
         first = self.proposals.first_tokens(active_ids)
         drafting = [r for r in active_ids if r not in first or first[r].continues]
-        draft = self._draft(drafting, budget, stop)
+        caps = {batch.req_ids[i]: max(1, min(batch.cap(i), budget)) for i in active}
+        draft = self._draft(drafting, budget, stop, [caps[r] for r in drafting])
         t2 = time.perf_counter()
         out = StepDrafts([[] for _ in req_ids], ready=ready)
         self.proposals.assemble(out, batch, active, drafting, draft, budget, first)
@@ -236,15 +237,19 @@ class DraftEngine:
             [self.states[r].generator for r in req_ids], self.runtime.device,
         )
 
-    def _draft(self, req_ids: list[str], budget: int, stop: Callable[[], bool] | None = None) -> DraftOutput:
+    def _draft(
+        self, req_ids: list[str], budget: int, stop: Callable[[], bool] | None = None, caps: list[int] | None = None,
+    ) -> DraftOutput:
         """Run the packed draft loop: per request the proposals (draft ids for slem and
         dtw, target ids for the token-level algorithms), each token's probability under
         the distribution it was sampled from, and for the token-level algorithms the q
         rows verification reads (compact, on the drafter's device: see
-        ``verify/draft_probs.py``) and which proposals the target lacks (union)."""
+        ``verify/draft_probs.py``) and which proposals the target lacks (union). Request
+        i drafts for at most ``caps[i]`` target tokens (default: ``budget``)."""
         strategy = self.proposals
         token_level = strategy.token_level
         n_steps = strategy.draft_steps(budget)
+        row_steps = [strategy.draft_steps(c) for c in caps] if caps is not None else [n_steps] * len(req_ids)
         drafts: list[list[int]] = [[] for _ in req_ids]
         proposals: list[list[int]] = [[] for _ in req_ids]
         absent: list[list[bool]] = [[] for _ in req_ids]
@@ -301,7 +306,8 @@ class DraftEngine:
                 states[i].draft.append_drafted(tok)
                 if stop_prob > 0 and host[j][-1] < stop_prob:
                     continue
-                still.append(i)
+                if step + 1 < row_steps[i]:
+                    still.append(i)
             live = still
             if not live or step == n_steps - 1 or (stop is not None and stop()):
                 break

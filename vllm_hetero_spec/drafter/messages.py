@@ -30,12 +30,20 @@ class RequestParams:
 @dataclass
 class StepBatch:
     """One step's rows to draft: each request's committed target tokens (prompt and
-    output) and its sampling settings; ``budget`` caps the target tokens proposed."""
+    output) and its sampling settings; ``budget`` caps the target tokens proposed, and
+    ``lengths`` (when given) each row's own cap, at most ``budget``: a row stops drafting
+    there, so its draft random stream advances by its own length, not the batch's
+    longest (and no forward is spent on proposals that would be cut)."""
 
     req_ids: list[str]
     tokens: list[np.ndarray]
     params: list[RequestParams]
     budget: int
+    lengths: list[int] | None = None
+
+    def cap(self, row: int) -> int:
+        """Row ``row``'s cap on target tokens proposed."""
+        return self.budget if self.lengths is None else min(self.lengths[row], self.budget)
 
 
 @dataclass

@@ -83,7 +83,7 @@ class PipelinedDrafter:
         rest = [i for i in range(len(batch.req_ids)) if i not in hits]
         drafted = self.engine.step(
             StepBatch([batch.req_ids[i] for i in rest], [batch.tokens[i] for i in rest],
-                      [batch.params[i] for i in rest], batch.budget)
+                      [batch.params[i] for i in rest], batch.budget, [batch.cap(i) for i in rest])
         )
         if not hits:
             out = drafted

@@ -137,10 +137,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     about 18 s sooner on one core with Gemma-3's, which vLLM loads and deep-copies twice),
     async_scheduling (vLLM's default when absent: on for plain decoding, off with our
     proposer), enforce_eager (vLLM's default, False, when absent: what users run; True
-    skips torch.compile and its warm-up, which only makes a test start sooner).
+    skips torch.compile and its warm-up, which only makes a test start sooner),
+    json_schemas (one per prompt, or None: structured output, a JSON schema the output
+    must follow).
     """
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import StructuredOutputsParams
 
     propose_time = _time_proposals()
     llm = LLM(
@@ -160,6 +163,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     temps = job.get("temperatures") or [job.get("temperature", 0.0)] * len(job["prompts"])
     detokenize = not job.get("skip_tokenizer_init", False)
     seeds = job.get("request_seeds")
+    schemas = job.get("json_schemas") or [None] * len(job["prompts"])
     prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in job["prompts"]]
 
     def params(i: int) -> SamplingParams:
@@ -172,6 +176,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             ignore_eos=job.get("ignore_eos", False),
             stop=job.get("stop"),
             detokenize=detokenize,
+            structured_outputs=None if schemas[i] is None else StructuredOutputsParams(json=schemas[i]),
         )
 
     bs = job.get("batch_size") or len(prompts)
