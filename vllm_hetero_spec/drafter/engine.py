@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from vllm_hetero_spec.config import HeteroSettings
+from vllm_hetero_spec.drafter.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
 from vllm_hetero_spec.drafter.messages import DraftOutput, DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted
 from vllm_hetero_spec.drafter.proposals import make_proposals
@@ -63,6 +64,12 @@ class RequestState:
         )
 
 
+def _concrete_dtype(name: str) -> str:
+    """``name``, or what ``auto`` means here when no engine resolved it (start-up
+    resolves it against the target's dtype; a standalone drafter has none)."""
+    return resolve_draft_dtype(name, None, platform_device_type(), cpu_flags())[0]
+
+
 class DraftEngine:
     """Draft state and drafting for every request of one engine."""
 
@@ -71,7 +78,8 @@ class DraftEngine:
         self.seed = seed
         self.k = settings.num_speculative_tokens
         self.runtime = DraftModelRuntime(
-            RuntimeConfig(settings.draft_model, getattr(torch, settings.draft_dtype), settings.draft_kv_pool_mb)
+            RuntimeConfig(settings.draft_model, getattr(torch, _concrete_dtype(settings.draft_dtype)),
+                          settings.draft_kv_pool_mb)
         )
         self.bridge = VocabBridge.build(settings.draft_tokenizer, target_tokenizer, self.runtime.vocab_size, target_vocab)
         self.intersection = self.bridge.intersection.to(self.runtime.device)

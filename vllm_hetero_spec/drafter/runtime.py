@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_hetero_spec.drafter.kv_layout import allocate_layer_caches
 from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache, PoolExhausted, TokenTree
 from vllm_hetero_spec.vllm_patches import tensor_parallel_group
 
@@ -139,11 +140,11 @@ class DraftModelRuntime:
     # -- KV pool ----------------------------------------------------------------------
 
     def _build_pool(self, layers: dict) -> None:
-        """Allocate the pool (one tensor per layer, the backend's layout), bind it, and
+        """Allocate the pool (one tensor per layer, laid out as vLLM lays out a KV cache
+        for these backends: ``drafter/kv_layout.py``), bind it, and
         build one metadata builder per distinct layer spec (e.g. Gemma-3's sliding and
         global layers), as ``LLMBaseProposer.initialize_attn_backend`` does."""
         from vllm.v1.attention.backend import MultipleOf
-        from vllm.v1.kv_cache_interface import KVCacheLayout
         from vllm.v1.worker.utils import AttentionGroup
 
         specs = {name: layers[name].get_kv_cache_spec(self.vllm_config) for name in self.layer_names}
@@ -158,17 +159,11 @@ class DraftModelRuntime:
         num_blocks = max(1, (self.cfg.kv_pool_mb << 20) // per_block)
         self.pool = BlockPool(num_blocks, block_size, per_block)
         self.pool.copy_blocks = self._copy_blocks
+        caches = allocate_layer_caches(self.vllm_config, specs, backends.values(), num_blocks, self.device)
         self.kv: list[torch.Tensor] = []
         for name in self.layer_names:
-            spec = specs[name]
-            heads, size = spec.num_kv_heads, spec.head_size
-            head_major = KVCacheLayout.LBHNC in backends[name].supported_kv_cache_layouts()
-            # CPU_ATTN reads [blocks, heads, block, 2*head]; FlashAttention's default
-            # layout is [blocks, block, heads, 2*head] (it transposes and splits).
-            shape = (num_blocks, heads, block_size, 2 * size) if head_major else (num_blocks, block_size, heads, 2 * size)
-            kv = torch.zeros(shape, dtype=spec.dtype, device=self.device)
-            layers[name].bind_kv_cache(kv)
-            self.kv.append(kv)
+            layers[name].bind_kv_cache(caches[name])
+            self.kv.append(caches[name])
         groups: dict[tuple, AttentionGroup] = {}
         for name in self.layer_names:
             key = (backends[name].full_cls_name(), type(specs[name]).__name__, getattr(specs[name], "sliding_window", None))

@@ -120,7 +120,11 @@ class StringLevelProposer:
         When the draft KV pool cannot hold the trees, every request falls back to
         ``slem`` this step (no proposal, decided before anything is sampled)."""
         n = len(caches)
-        q_root = processed_probs(root_logits, rows).cpu()
+        q_dev = processed_probs(root_logits, rows)
+        # The mass of text-less draft tokens (EOS and other specials) becomes the target
+        # EOS's, on the drafter's device where psi is built; the tree works on the host.
+        eos_mass = (q_dev * self.textless).sum(dim=1, dtype=torch.float64)
+        q_root = q_dev.cpu()
         builders = [
             TreeBuilder(self.planner, self.candidates(q_root[i]), self.max_nodes, self.min_prob, q_root[i])
             for i in range(n)
@@ -133,7 +137,7 @@ class StringLevelProposer:
         finally:
             for tree in trees:
                 tree.release()
-        return self._draw_first(builders, q_root, rows)
+        return self._draw_first(builders, eos_mass, rows)
 
     def _evaluate(
         self, runtime: DraftModelRuntime, caches: list[PagedCache], trees: list[TokenTree],
@@ -154,8 +158,9 @@ class StringLevelProposer:
                 # The planner reads these rows entry by entry: it works on the host.
                 builders[i].add(processed_probs(level, rows.select([i] * level.shape[0])).cpu())
 
-    def _draw_first(self, builders: list[TreeBuilder], q_root: torch.Tensor, rows: SamplingRows) -> FirstTokens:
-        """psi on C per request, renormalized, and the first target token drawn from it."""
+    def _draw_first(self, builders: list[TreeBuilder], eos_mass: torch.Tensor, rows: SamplingRows) -> FirstTokens:
+        """psi on C per request, renormalized, and the first target token drawn from it
+        (``eos_mass`` ``[n]``: each request's draft mass on text-less tokens)."""
         n = len(builders)
         out = FirstTokens(
             [None] * n, [[] for _ in range(n)], [None] * n,
@@ -165,7 +170,7 @@ class StringLevelProposer:
             ids, psi = builder.psi(self.order)
             if self.target_eos is not None:
                 ids.append(self.target_eos)
-                psi = torch.cat([psi, q_root[i][self.textless].double().sum().reshape(1)])
+                psi = torch.cat([psi, eos_mass.narrow(0, i, 1).to(psi.device)])
             total = float(psi.sum())
             if total < MIN_COVERAGE:
                 continue

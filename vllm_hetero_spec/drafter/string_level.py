@@ -175,7 +175,7 @@ class TreeBuilder:
         device = order.device
         if not ids:
             return ids, torch.zeros(0, dtype=torch.float64, device=device)
-        q = torch.stack(self.q_rows).double()
+        q = torch.stack(self.q_rows).to(device=device, dtype=torch.float64)  # rows come from the host-side tree
         cum = torch.zeros(q.shape[0], order.numel() + 1, dtype=torch.float64, device=device)
         cum[:, 1:] = q[:, order].cumsum(dim=1)
         prob = torch.tensor(self.prob, dtype=torch.float64, device=device)

@@ -240,6 +240,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
     result["worker_metrics"] = [values for _, values in read_boards(metrics_dir(), os.getpid())]
     drafter = _find_drafter(llm)
+    settings = getattr(drafter, "settings", None)
+    if settings is not None:
+        result["draft_dtype"] = settings.draft_dtype
     stats = getattr(drafter, "stats", None)
     if stats is not None:
         result["fallbacks"] = stats.fallbacks

@@ -34,7 +34,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=1, help="requests submitted together")
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--draft-dtype", default="float32")
+    ap.add_argument("--draft-dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                    help="auto: the target's dtype on CUDA, bfloat16 on a CPU with native bf16, else float32")
     ap.add_argument("--executor", default="inprocess", choices=("inprocess", "ray"),
                     help="ray: draft in a Ray actor on CPU cores, pipelined with the target")
     ap.add_argument("--json", help="also write the results to this file")
@@ -79,7 +80,9 @@ def main() -> None:
         "identical_outputs": f"{same}/{len(prompts)}",
         "draft_lengths": hetero.get("draft_lengths"),
     }
-    print(f"hetero ({args.algorithm}): {hetero['tok_per_s']:.2f} tok/s  speedup {summary['speedup']:.2f}x")
+    summary["draft_dtype"] = hetero.get("draft_dtype")
+    print(f"hetero ({args.algorithm}, draft dtype {summary['draft_dtype']}): {hetero['tok_per_s']:.2f} tok/s  "
+          f"speedup {summary['speedup']:.2f}x")
 
     def fmt(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
