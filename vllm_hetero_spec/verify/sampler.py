@@ -27,6 +27,7 @@ greedily when vLLM asks for its all-greedy variant.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -96,11 +97,10 @@ def _dummy_plan(b: int, num_draft: list[int], vocab: int, device: torch.device) 
     """A dense q row over the whole vocabulary for every dummy draft, as vLLM's own
     dummy run passes probabilistic draft probabilities: the profile then sees the
     largest compact q a step can hold."""
-    n = sum(num_draft)
-    probs = torch.full((n, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
+    ends = list(itertools.accumulate(num_draft))
+    probs = torch.full((ends[-1] if ends else 0, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
     plan = VerifyPlan(DraftProbs(probs, torch.arange(vocab, device=device)))
-    starts = [sum(num_draft[:i]) for i in range(b)]
-    plan.q_index = {f"dummy-{i}": list(range(s, s + num_draft[i])) for i, s in enumerate(starts)}
+    plan.q_index = {f"dummy-{i}": list(range(end - n, end)) for i, (n, end) in enumerate(zip(num_draft, ends))}
     return plan
 
 
@@ -108,15 +108,16 @@ class HeteroRejectionSampler(RejectionSampler):
     """vLLM ``RejectionSampler`` whose acceptance step is :func:`verify_tokens`.
 
     ``batch_rows`` returns the rows being verified (the runner's batch order at
-    verification); :attr:`plan` is set before each verification and used once.
+    verification; none during vLLM's dummy runs); :attr:`plan` is set before each
+    verification and used once.
     """
 
     def __init__(
         self,
         sampler: Sampler,
-        spec_config: SpeculativeConfig | None = None,
-        device: torch.device | None = None,
-        batch_rows: Callable[[], BatchRows] | None = None,
+        spec_config: SpeculativeConfig | None,
+        device: torch.device | None,
+        batch_rows: Callable[[], BatchRows],
     ) -> None:
         super().__init__(sampler, spec_config, device)
         self.batch_rows = batch_rows
@@ -149,7 +150,7 @@ class HeteroRejectionSampler(RejectionSampler):
         device = target_logits.device
         flat_index, counts = _padded_index(num_draft, k, device)
         draft_ids = metadata.draft_token_ids.long().index_select(0, flat_index.flatten()).view(b, k)
-        rows = self.batch_rows() if self.batch_rows is not None else BatchRows([""] * b, [False] * b)
+        rows = self.batch_rows()
         if not rows.req_ids and b > 0:
             rows, plan = _dummy_rows(b, sampling_metadata.all_greedy), _dummy_plan(b, num_draft, vocab, device)
         if len(rows.req_ids) != b or len(rows.greedy) != b:
