@@ -147,7 +147,7 @@ class DraftEngine:
         first = self.proposals.first_tokens(active_ids)
         drafting = [r for r in active_ids if r not in first or first[r].continues]
         caps = {batch.req_ids[i]: max(1, min(batch.cap(i), budget)) for i in active}
-        draft = self._draft(drafting, budget, stop, [caps[r] for r in drafting])
+        draft = self._draft(drafting, budget, [caps[r] for r in drafting], stop)
         t2 = time.perf_counter()
         out = StepDrafts([[] for _ in req_ids], ready=ready)
         self.proposals.assemble(out, batch, active, drafting, draft, budget, first)
@@ -246,18 +246,18 @@ class DraftEngine:
         )
 
     def _draft(
-        self, req_ids: list[str], budget: int, stop: Callable[[], bool] | None = None, caps: list[int] | None = None,
+        self, req_ids: list[str], budget: int, caps: list[int], stop: Callable[[], bool] | None = None,
     ) -> DraftOutput:
         """Run the packed draft loop: per request the proposals (draft ids for slem and
         dtw, target ids for the token-level algorithms), each token's probability under
         the distribution it was sampled from, and for the token-level algorithms the q
         rows verification reads (compact, on the drafter's device: see
         ``verify/draft_probs.py``) and which proposals the target lacks (union). Request
-        i drafts for at most ``caps[i]`` target tokens (default: ``budget``)."""
+        i drafts for at most ``caps[i]`` target tokens (each at most ``budget``)."""
         strategy = self.proposals
         token_level = strategy.token_level
         n_steps = strategy.draft_steps(budget)
-        row_steps = [strategy.draft_steps(c) for c in caps] if caps is not None else [n_steps] * len(req_ids)
+        row_steps = [strategy.draft_steps(c) for c in caps]
         drafts: list[list[int]] = [[] for _ in req_ids]
         proposals: list[list[int]] = [[] for _ in req_ids]
         absent: list[list[bool]] = [[] for _ in req_ids]
