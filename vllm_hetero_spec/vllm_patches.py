@@ -13,10 +13,8 @@ for people trying a newer vLLM. When vLLM changes, this is the one file to edit.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,28 +224,6 @@ def _patch_model_runner() -> None:
     patch(GPUModelRunner, "propose_draft_token_ids", propose_draft_token_ids, why)
     patch(GPUModelRunner, "_on_request_state_removed", _on_request_state_removed, why)
     patch(GPUModelRunner, "_update_states", _update_states, why)
-
-
-@contextlib.contextmanager
-def tensor_parallel_group(group: Any) -> Iterator[None]:
-    """Make ``group`` vLLM's tensor-parallel group inside the block.
-
-    Why: vLLM's parallel layers read the global TP group (``parallel_state._TP``) when
-    they are built (to shard weights) and the logits processor when it runs (to gather
-    logits). Our drafter is replicated on every rank instead of sharded: a small draft
-    model gains nothing from a per-layer all-reduce, and its head counts need not divide
-    by the target's TP size (SmolLM2 has 9 heads). So it is built and run with a TP
-    group of one rank (``drafter/runtime.py``). Targets vLLM 0.32.0's
-    ``vllm.distributed.parallel_state``; restored on exit, also on error.
-    """
-    from vllm.distributed import parallel_state
-
-    saved = parallel_state._TP
-    parallel_state._TP = group
-    try:
-        yield
-    finally:
-        parallel_state._TP = saved
 
 
 def spec_config_arg(value: str) -> dict[str, Any] | None:

@@ -18,7 +18,6 @@ here, in the layout the backend reads, and bound to its layers.
 from __future__ import annotations
 
 import math
-import socket
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +25,7 @@ import torch
 
 from vllm_hetero_spec.drafter.kv_layout import allocate_layer_caches
 from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache, PoolExhausted, TokenTree
-from vllm_hetero_spec.vllm_patches import tensor_parallel_group
+from vllm_hetero_spec.drafter.tp_group import draft_tp_group, tensor_parallel_group
 
 _PREFIX = "hetero_draft"
 
@@ -48,48 +47,6 @@ class RuntimeConfig:
     dtype: torch.dtype = torch.float32
     kv_pool_mb: int = 512
     max_model_len: int | None = None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _draft_tp_group(vllm_config):
-    """A tensor-parallel group of one rank for the drafter, which every rank runs whole.
-
-    vLLM's layers need its model-parallel groups. Inside a vLLM worker they exist: with a
-    TP target every rank creates (collectively, in the same order) one single-rank
-    group per rank, the drafter's. In a standalone process (a Ray actor, a test, a
-    benchmark) we create a world of one and use its TP group."""
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import parallel_state
-
-    if parallel_state.model_parallel_is_initialized():
-        tp = parallel_state.get_tp_group()
-        if tp.world_size == 1:
-            return tp
-        world = parallel_state.get_world_group()
-        ranks = [[r] for r in range(world.world_size)]
-        with set_current_vllm_config(vllm_config):
-            return parallel_state.init_model_parallel_group(
-                ranks, world.local_rank, torch.distributed.get_backend(world.device_group),
-                use_device_communicator=False, group_name="hetero_draft_tp",
-            )
-    if vllm_config.device_config.device.type == "cpu":
-        # What vLLM's CPU worker does at start: torch.accelerator calls become no-ops
-        # (the model loader calls empty_cache, which raises without an accelerator).
-        from vllm.v1.worker.cpu_model_runner import _set_torch_accelerator_to_noop
-
-        _set_torch_accelerator_to_noop()
-    with set_current_vllm_config(vllm_config):
-        parallel_state.init_distributed_environment(
-            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{_free_port()}", local_rank=0,
-            backend="gloo",
-        )
-        parallel_state.ensure_model_parallel_initialized(1, 1)
-    return parallel_state.get_tp_group()
 
 
 def _draft_vllm_config(cfg: RuntimeConfig):
@@ -122,7 +79,7 @@ class DraftModelRuntime:
 
         self.cfg = cfg
         self.vllm_config = _draft_vllm_config(cfg)
-        self.tp_group = _draft_tp_group(self.vllm_config)
+        self.tp_group = draft_tp_group(self.vllm_config)
         self.device = torch.device(self.vllm_config.device_config.device)
         with set_current_vllm_config(self.vllm_config), set_model_tag(_PREFIX), tensor_parallel_group(self.tp_group):
             self.model = get_model(vllm_config=self.vllm_config, prefix=_PREFIX)
