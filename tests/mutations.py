@@ -66,15 +66,15 @@ MUTATIONS = [
     Mutation(
         "replay", "a rebuilt request restarts its draft random stream",
         "vllm_hetero_spec/drafter/engine.py",
-        'f"{base}:{n_target}"',
-        'f"{base}"',
+        'f"seed:{params.seed}:{n_target}"',
+        'f"seed:{params.seed}"',
         ("tests/drafter/test_proposer_token_level.py", "-k", "rebuilt"),
     ),
     Mutation(
         "global-rng", "the drafter samples from the global RNG",
-        "vllm_hetero_spec/drafter/engine.py",
-        "gen = torch.Generator(device=self.runtime.device).manual_seed(self._stream_seed(req_id, params, n_target))",
-        "gen = None",
+        "vllm_hetero_spec/drafter/sampling.py",
+        "noise = torch.empty_like(probs).exponential_(generator=rows.shared)",
+        "noise = torch.empty_like(probs).exponential_()",
         ("tests/drafter/test_proposer_token_level.py", "-k", "global_rng"),
     ),
     Mutation(

@@ -38,6 +38,7 @@ class ScriptedRuntime:
     def __init__(self, cfg) -> None:
         self.vocab_size = 49152
         self.calls = 0
+        self.fed: list[list[int]] = []
         self.device = torch.device("cpu")
         self.pool = BlockPool(1 << 16, 32, 0)
         self.max_len = 1 << 20
@@ -56,6 +57,12 @@ class ScriptedRuntime:
         self.calls += 1
         return logits
 
+    def forward_next(self, caches: list[PagedCache], ids: torch.Tensor, draft_index: int) -> torch.Tensor:
+        """As the real runtime: one token per cache, the ids already on the device."""
+        assert ids.shape == (len(caches),) and draft_index > 0
+        self.fed.append(ids.tolist())
+        return self.forward(caches, [[t] for t in ids.tolist()])
+
     def grow_trees(self, caches, trees, parents, tokens) -> list[torch.Tensor]:
         """slrs's psi tree: every node puts its mass on the same scripted token."""
         out = []
@@ -73,7 +80,7 @@ def bridge(smollm2: str, qwen05: str) -> VocabBridge:
 
 def _proposer(
     monkeypatch, bridge: VocabBridge, smollm2: str, qwen05: str, algorithm: str, script: list[int],
-    confidence: dict[int, float] | None = None, **extra
+    confidence: dict[int, float] | None = None, defer: bool = False, **extra
 ):
     monkeypatch.setattr(engine_module, "DraftModelRuntime", ScriptedRuntime)
     monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: bridge)
@@ -87,6 +94,9 @@ def _proposer(
     )
     proposer = proposer_module.HeteroProposer(config)
     proposer.load_model(None)
+    # How an accelerator runs the loop (read back once per step, stop rules applied
+    # afterwards) rather than the CPU's read per position: the drafts must not differ.
+    proposer.executor.engine.defer_reads = defer
     return proposer
 
 
@@ -130,9 +140,10 @@ def _q_rows(plan, req_id: str, proposals: list[int]) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def test_union_proposes_a_placeholder_and_stops(monkeypatch, bridge, smollm2, qwen05) -> None:
+@pytest.mark.parametrize("defer", [False, True], ids=["read-each-position", "read-once"])
+def test_union_proposes_a_placeholder_and_stops(monkeypatch, bridge, smollm2, qwen05, defer) -> None:
     a, b, absent = _ids(bridge)
-    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "union", [a, absent, b, b])
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "union", [a, absent, b, b], defer=defer)
     params = SamplingParams(temperature=1.0, seed=1)
     _attach(prop, {"r0": params, "r1": params}, ["r0", "r1"])
     out = _propose(prop, qwen05, 2)
@@ -149,20 +160,48 @@ def test_union_proposes_a_placeholder_and_stops(monkeypatch, bridge, smollm2, qw
     assert prop.take_verify_plan() is None  # the plan is handed over once
 
 
+@pytest.mark.parametrize("algorithm", ["slem", "union"])
+def test_reading_once_drafts_what_reading_each_position_drafts(monkeypatch, bridge, smollm2, qwen05, algorithm) -> None:
+    """The loop as it runs on an accelerator (every position fed by the previous one's
+    samples on the device, read back once, the stop rules applied afterwards) proposes
+    what the CPU's read-per-position loop proposes, and rolls the KV back to the kept
+    draft: slem stops after a text-less token, union after an absent one."""
+    a, b, absent = _ids(bridge)
+    script = [a, b, bridge.draft_tokenizer.eos_token_id, a] if algorithm == "slem" else [a, absent, b, b]
+    outs = {}
+    for defer in (False, True):
+        prop = _proposer(monkeypatch, bridge, smollm2, qwen05, algorithm, script, defer=defer)
+        _attach(prop, {"r0": SamplingParams(temperature=0.0)}, ["r0"])
+        outs[defer] = _propose(prop, qwen05, 1)
+        engine = prop.executor.engine
+        state = engine.states["r0"]
+        assert state.cache.length <= len(state.draft)
+        fed = engine.runtime.fed  # the samples fed back; reading once, also past a stop
+        assert fed[0] == [script[0]] and (not defer or fed[1] == [script[1]])
+    assert outs[True] == outs[False]
+    if algorithm == "slem":
+        assert outs[False][0][-1] == bridge.target_tokenizer.eos_token_id
+    else:
+        assert outs[False][0] == [int(bridge.intersection.draft_to_target[a]), ABSENT_PLACEHOLDER]
+
+
+@pytest.mark.parametrize("defer", [False, True], ids=["read-each-position", "read-once"])
 @pytest.mark.parametrize("algorithm", ["tli", "slem"])
-def test_draft_stop_prob_stops_after_the_unsure_token(monkeypatch, bridge, smollm2, qwen05, algorithm) -> None:
+def test_draft_stop_prob_stops_after_the_unsure_token(monkeypatch, bridge, smollm2, qwen05, algorithm, defer) -> None:
     """With ``draft_stop_prob`` 0.5, the drafter stops after its first token below that
     confidence, and that token is still proposed (drafted for, so worth verifying)."""
     a, b, _ = _ids(bridge)
-    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, algorithm, [a, b, a, b], {1: 0.3}, draft_stop_prob=0.5)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, algorithm, [a, b, a, b], {1: 0.3}, defer=defer,
+                     draft_stop_prob=0.5)
     _attach(prop, {"r0": SamplingParams(temperature=0.0)}, ["r0"])
     out = _propose(prop, qwen05, 1)
     to_target = bridge.intersection.draft_to_target
     assert out == [[int(to_target[a]), int(to_target[b])]]
 
 
+@pytest.mark.parametrize("defer", [False, True], ids=["read-each-position", "read-once"])
 @pytest.mark.parametrize("algorithm", ["tli", "slem"])
-def test_a_seeded_request_draws_for_its_own_length(monkeypatch, bridge, smollm2, qwen05, algorithm) -> None:
+def test_a_seeded_request_draws_for_its_own_length(monkeypatch, bridge, smollm2, qwen05, algorithm, defer) -> None:
     """A request capped at 2 proposals beside one capped at 4 drafts only its own 2, so
     its seeded stream advances as it does alone: its next step's drafts are the same."""
     from vllm_hetero_spec.drafter.messages import StepBatch
@@ -172,7 +211,8 @@ def test_a_seeded_request_draws_for_its_own_length(monkeypatch, bridge, smollm2,
 
     def next_drafts(rows: list[str], caps: list[int]) -> list[int]:
         # Nearly uniform drafts: which tokens come out depends on the stream's state.
-        prop = _proposer(monkeypatch, bridge, smollm2, qwen05, algorithm, [a] * 64, {i: 0.01 for i in range(64)})
+        prop = _proposer(monkeypatch, bridge, smollm2, qwen05, algorithm, [a] * 64, {i: 0.01 for i in range(64)},
+                         defer=defer)
         engine = prop.executor.engine
         params = [RequestParams(temperature=1.0, seed=5 if r == "s" else None) for r in rows]
         engine.step(StepBatch(rows, [np.array(prompt)] * len(rows), params, max(caps), caps))
@@ -294,17 +334,20 @@ def test_drafting_never_touches_the_global_rng(monkeypatch, bridge, smollm2, qwe
 
 
 def test_rebuilt_requests_draw_fresh_randomness(monkeypatch, bridge, smollm2, qwen05) -> None:
-    """A request's draft stream depends on its seed (or the engine's seed and its id)
-    and on where its state was built: a state rebuilt after preemption or a failure
-    continues with new draws instead of replaying the ones its committed tokens saw."""
+    """A seeded request's draft stream depends on its seed and on where its state was
+    built: a state rebuilt after preemption or a failure continues with new draws
+    instead of replaying the ones its committed tokens saw. Unseeded requests share the
+    engine's stream (drawn in one launch), seeded from the engine's seed alone, so every
+    TP rank starts it alike."""
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [1])
-    stream = prop.executor.engine._stream_seed
+    engine = prop.executor.engine
     seeded = RequestParams(1.0, 0, 1.0, seed=5)
-    assert stream("r", seeded, 10) == stream("another id", seeded, 10)  # the seed decides
-    assert stream("r", seeded, 10) != stream("r", seeded, 11)  # rebuilt later: new draws
-    unseeded = RequestParams(1.0)
-    assert stream("r0", unseeded, 10) != stream("r1", unseeded, 10)
-    assert stream("r0", unseeded, 10) == stream("r0", unseeded, 10)  # the same on every rank
+    assert engine._stream_seed(seeded, 10) != engine._stream_seed(seeded, 11)  # rebuilt later: new draws
+    assert engine._stream_seed(seeded, 10) != engine._stream_seed(RequestParams(1.0, 0, 1.0, seed=6), 10)
+    assert engine._new_state("r0", RequestParams(1.0), 10).generator is None
+    assert engine._new_state("r1", seeded, 10).generator is not None
+    assert torch.equal(engine.generator.get_state(),
+                       torch.Generator().manual_seed(engine_module._engine_seed(engine.seed)).get_state())
 
 
 class SpreadRuntime(ScriptedRuntime):

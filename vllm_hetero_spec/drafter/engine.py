@@ -27,13 +27,13 @@ import numpy as np
 import torch
 
 from vllm_hetero_spec.config import HeteroSettings
+from vllm_hetero_spec.drafter.draft_loop import DraftLoop
 from vllm_hetero_spec.drafter.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
 from vllm_hetero_spec.drafter.messages import DraftOutput, DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted
 from vllm_hetero_spec.drafter.proposals import make_proposals
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
-from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows
-from vllm_hetero_spec.verify.draft_probs import DraftProbs
+from vllm_hetero_spec.drafter.sampling import SamplingRows
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.retokenize import AlignedTokens, sync_batch
 
@@ -64,6 +64,11 @@ class RequestState:
         )
 
 
+def _engine_seed(seed: int) -> int:
+    digest = hashlib.blake2b(f"engine:{seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
 def _concrete_dtype(name: str) -> str:
     """``name``, or what ``auto`` means here when no engine resolved it (start-up
     resolves it against the target's dtype; a standalone drafter has none)."""
@@ -85,12 +90,20 @@ class DraftEngine:
         self.intersection = self.bridge.intersection.to(self.runtime.device)
         self.target_vocab = target_vocab
         self.states: dict[str, RequestState] = {}
+        # The unseeded requests' draft stream, drawn for all of them in one launch. Never
+        # vLLM's global RNG: the target's sampling draws from that on every TP rank, and
+        # the drafter must neither shift it nor depend on it. Every rank consumes this one
+        # identically (the same batches in the same order), so their drafts agree.
+        self.generator = torch.Generator(device=self.runtime.device).manual_seed(_engine_seed(seed))
         self.stats = DrafterStats()
         self.draft_specials = {
             tid for tid, b in enumerate(self.bridge.draft_encoder.token_bytes) if b is None
         } | set(self.bridge.draft_tokenizer.all_special_ids)
         self.target_eos = self.bridge.target_tokenizer.eos_token_id
         self.proposals = make_proposals(self)
+        # Read the draft loop back once per step (accelerators) or every position (CPU,
+        # where a read costs nothing and rows that stop leave the batch): see _draft.
+        self.defer_reads = self.runtime.device.type != "cpu"
 
     # -- request lifetime -------------------------------------------------------------
 
@@ -171,19 +184,18 @@ class DraftEngine:
 
     def _new_state(self, req_id: str, params: RequestParams, n_target: int) -> RequestState:
         draft = AlignedTokens(self.bridge.draft_encoder, self.bridge.draft_prefix_ids, self.settings.lookbehind)
-        gen = torch.Generator(device=self.runtime.device).manual_seed(self._stream_seed(req_id, params, n_target))
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator(device=self.runtime.device).manual_seed(self._stream_seed(params, n_target))
         return RequestState(bytearray(), 0, [], draft, self.runtime.new_cache(), gen, params)
 
-    def _stream_seed(self, req_id: str, params: RequestParams, n_target: int) -> int:
-        """The seed of a request's draft random stream, never vLLM's global RNG: the
-        target's sampling draws from that on every TP rank, and the drafter must
-        neither shift it nor depend on it. A seeded request's stream depends on its
-        seed, an unseeded one's on the engine's seed and its id (the same on every
-        rank). Both also depend on where the state is (re)built, so a request rebuilt
-        after preemption or a failure continues with fresh draws instead of replaying
-        the ones its committed tokens were drafted with."""
-        base = f"seed:{params.seed}" if params.seed is not None else f"engine:{self.seed}:{req_id}"
-        digest = hashlib.blake2b(f"{base}:{n_target}".encode(), digest_size=8).digest()
+    @staticmethod
+    def _stream_seed(params: RequestParams, n_target: int) -> int:
+        """The seed of a seeded request's own draft random stream: its seed and where
+        its state is (re)built, so a request rebuilt after preemption or a failure
+        continues with fresh draws instead of replaying the ones its committed tokens
+        were drafted with."""
+        digest = hashlib.blake2b(f"seed:{params.seed}:{n_target}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
     def sync(self, req_ids: list[str], tokens: list[np.ndarray], params: list[RequestParams]) -> list[bool]:
@@ -242,7 +254,7 @@ class DraftEngine:
         params = [self.states[r].params for r in req_ids]
         return SamplingRows.build(
             [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params],
-            [self.states[r].generator for r in req_ids], self.runtime.device,
+            [self.states[r].generator for r in req_ids], self.runtime.device, self.generator,
         )
 
     def _draft(
@@ -253,73 +265,38 @@ class DraftEngine:
         the distribution it was sampled from, and for the token-level algorithms the q
         rows verification reads (compact, on the drafter's device: see
         ``verify/draft_probs.py``) and which proposals the target lacks (union). Request
-        i drafts for at most ``caps[i]`` target tokens (each at most ``budget``)."""
-        strategy = self.proposals
-        token_level = strategy.token_level
-        n_steps = strategy.draft_steps(budget)
-        row_steps = [strategy.draft_steps(c) for c in caps]
-        drafts: list[list[int]] = [[] for _ in req_ids]
-        proposals: list[list[int]] = [[] for _ in req_ids]
-        absent: list[list[bool]] = [[] for _ in req_ids]
-        token_q: list[list[float]] = [[] for _ in req_ids]
-        q_index: list[list[int]] = [[] for _ in req_ids]
-        q_parts: list[torch.Tensor] = []
-        n_q = 0
+        i drafts for at most ``caps[i]`` target tokens (each at most ``budget``).
+
+        Each position's samples feed the next forward on the device. Rows run in order
+        of their step count, longest first, so the rows still drafting at a position
+        are a prefix of the previous position's: the hand-over is a slice, with no
+        index from the host. What the host needs (the ids for the bridge, the stop
+        rules) comes back once per step on an accelerator, where each read would stall
+        the loop: every row drafts its full length and the stop rules cut the drafts
+        afterwards. On the CPU a read costs nothing, so it happens every position and a
+        row that stops leaves the batch at once."""
+        loop = DraftLoop(self, req_ids, caps, budget)
         if not req_ids:
-            return DraftOutput(drafts, token_q, absent)
-        states = [self.states[r] for r in req_ids]
-        rows = self.sampling_rows(req_ids)
-        # Greedy rows verify by argmax, so their q is never read (fsd's divergence
-        # excepted): decided from the host-side settings, no sync.
-        keeps_q = [t >= GREEDY_EPS or strategy.greedy_reads_q for t in rows.host[0]]
-        n_draft = self.intersection.draft_to_target.numel()
-        stop_prob = self.settings.draft_stop_prob
+            return loop.output()
+        defer = self.defer_reads
+        n_steps = self.proposals.draft_steps(budget)
         live = list(range(len(req_ids)))
+        sampled: torch.Tensor | None = None
         for step in range(n_steps):
-            caches = [states[i].cache for i in live]
-            pending = [states[i].draft.ids[states[i].cache.length :].tolist() for i in live]
-            logits = self.runtime.forward(caches, pending)[:, :n_draft]
+            caches = [loop.states[j].cache for j in live]
+            if step == 0:
+                pending = [s.draft.ids[s.cache.length :].tolist() for s in loop.states]
+                logits = self.runtime.forward(caches, pending)
+            else:
+                logits = self.runtime.forward_next(caches, loop.rows_of(sampled, live), step)
             self.stats.draft_forwards += 1
-            sub = rows if len(live) == len(req_ids) else rows.select(live)
-            mapped = strategy.sample(logits, sub)
-            pick = mapped.ids.unsqueeze(1)
-            cols = [mapped.ids, mapped.q.gather(1, pick).squeeze(1)]
-            if token_level:
-                cols += [mapped.target_ids, mapped.absent]
-                with_q = [j for j, i in enumerate(live) if keeps_q[i]]
-                if with_q:
-                    part = mapped.verify_q
-                    if len(with_q) < len(live):
-                        part = part.index_select(0, torch.tensor(with_q, device=part.device))
-                    q_parts.append(part)
-            if stop_prob > 0:
-                cols.append(strategy.confidence_logits(logits).softmax(dim=-1).gather(1, pick).squeeze(1))
-            # The step's one host transfer: what the bridge and the loop's control need.
-            host = torch.stack([c.double() for c in cols], dim=1).cpu().tolist()
-            still = []
-            for j, i in enumerate(live):
-                tok, tok_q = int(host[j][0]), host[j][1]
-                drafts[i].append(tok)
-                token_q[i].append(tok_q)
-                if token_level:
-                    is_absent = bool(host[j][3])
-                    proposals[i].append(int(host[j][2]))
-                    absent[i].append(is_absent)
-                    q_index[i].append(n_q if keeps_q[i] else -1)
-                    n_q += keeps_q[i]
-                    if is_absent:
-                        continue  # union: rejected for sure, so nothing after it can be accepted
-                if tok in self.draft_specials:
-                    continue
-                states[i].draft.append_drafted(tok)
-                if stop_prob > 0 and host[j][-1] < stop_prob:
-                    continue
-                if step + 1 < row_steps[i]:
-                    still.append(i)
-            live = still
-            if not live or step == n_steps - 1 or (stop is not None and stop()):
+            sampled, packed, q_rows = loop.sample(logits, live)
+            if defer:
+                loop.defer(packed, live, q_rows)
+                live = [j for j in live if step + 1 < loop.steps[j]]
+            else:
+                live = loop.consume(packed.cpu().tolist(), live, q_rows, step)
+            if not live or (stop is not None and stop()):
                 break
-        if not token_level:
-            return DraftOutput(drafts, token_q, absent)
-        q = DraftProbs(torch.cat(q_parts), self.intersection.support) if q_parts else None
-        return DraftOutput(proposals, token_q, absent, q, q_index if q is not None else [])
+        loop.consume_deferred()
+        return loop.output()

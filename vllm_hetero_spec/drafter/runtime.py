@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_hetero_spec.drafter.input_staging import InputStaging
 from vllm_hetero_spec.drafter.kv_layout import allocate_layer_caches
 from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache, PoolExhausted, TokenTree
 from vllm_hetero_spec.drafter.tp_group import draft_tp_group, tensor_parallel_group
@@ -90,6 +91,7 @@ class DraftModelRuntime:
             if isinstance(layer, AttentionLayerBase)
         }
         self.layer_names = sorted(layers)
+        self.staging = InputStaging(self.device)
         self.vocab_size = self.vllm_config.model_config.get_vocab_size()
         self.max_len = self.vllm_config.model_config.max_model_len
         self._build_pool(layers)
@@ -152,59 +154,80 @@ class DraftModelRuntime:
         lengths = [len(t) for t in new_tokens]
         if not all(lengths):
             raise ValueError("every request needs at least one new token (its logits come from the last one)")
+        return self._forward(caches, lengths, [t for toks in new_tokens for t in toks], None, 0)
+
+    @torch.inference_mode()
+    def forward_next(self, caches: list[PagedCache], ids: torch.Tensor, draft_index: int) -> torch.Tensor:
+        """Append one token per cache, ``ids`` ``[len(caches)]`` already on the device
+        (the previous draft position's samples: they never visit the host), and return
+        the logits as :meth:`forward` does. ``draft_index`` is the draft position, for the
+        backend's drafting metadata path."""
+        return self._forward(caches, [1] * len(caches), None, ids, draft_index)
+
+    def _forward(
+        self, caches: list[PagedCache], lengths: list[int], ids: list[int] | None, device_ids: torch.Tensor | None,
+        draft_index: int,
+    ) -> torch.Tensor:
         for cache, n in zip(caches, lengths):
             cache.reserve(cache.length + n)
-        logits = self._run(caches, lengths, [t for toks in new_tokens for t in toks])
+        logits = self._run(caches, lengths, ids, device_ids, draft_index)
         for cache, n in zip(caches, lengths):
             cache.advance(n)
         return logits
 
-    def _run(self, caches: list[PagedCache], lengths: list[int], ids: list[int]) -> torch.Tensor:
-        """One variable-length forward; every index tensor is built on the host in one
-        numpy pass and moved to the device once."""
+    def _run(
+        self, caches: list[PagedCache], lengths: list[int], ids: list[int] | None, device_ids: torch.Tensor | None,
+        draft_index: int,
+    ) -> torch.Tensor:
+        """One variable-length forward. Its integer inputs are written into the
+        persistent host staging buffers in one numpy pass and reach the device in two
+        copies (:class:`InputStaging`); the token ids come from the host (``ids``) or are
+        already on the device (``device_ids``)."""
         from vllm.forward_context import set_forward_context
         from vllm.v1.attention.backend import CommonAttentionMetadata
 
         bs = self.pool.block_size
-        b, t = len(caches), len(ids)
-        starts = np.array([c.length for c in caches], dtype=np.int64)
-        n = np.array(lengths, dtype=np.int64)
-        qsl = np.zeros(b + 1, dtype=np.int64)
-        np.cumsum(n, out=qsl[1:])
-        positions = np.repeat(starts - qsl[:-1], n) + np.arange(t)
+        b, t = len(caches), sum(lengths)
         width = max(len(c.blocks) for c in caches)
-        table = np.zeros((b, width), dtype=np.int64)
+        host = self.staging.host(t, b, width)
+        starts = np.fromiter((c.length for c in caches), dtype=np.int64, count=b)
+        n = np.asarray(lengths, dtype=np.int64)
+        host.query_start_loc[0] = 0
+        np.cumsum(n, out=host.query_start_loc[1:])
+        qsl = host.query_start_loc.astype(np.int64)
+        host.positions[:] = np.repeat(starts - qsl[:-1], n) + np.arange(t)
+        host.block_table.fill(0)
         for i, c in enumerate(caches):
-            table[i, : len(c.blocks)] = c.blocks
+            host.block_table[i, : len(c.blocks)] = c.blocks
         row = np.repeat(np.arange(b), n)
-        slots = table[row, positions // bs] * bs + positions % bs
-        host = torch.from_numpy(np.concatenate([np.asarray(ids, dtype=np.int64), positions, slots]))
-        dev = host.to(self.device, non_blocking=True)
-        input_ids, pos_t, slot_t = dev[:t], dev[t : 2 * t], dev[2 * t :]
-        seq_lens = starts + n
-        qsl_cpu = torch.from_numpy(qsl.astype(np.int32))
+        host.slots[:] = host.block_table[row, host.positions // bs] * bs + host.positions % bs
+        host.seq_lens[:] = starts + n
+        host.last[:] = qsl[1:] - 1
+        if ids is not None:
+            host.ids[:] = ids
+        dev = self.staging.upload()
+        input_ids = dev.ids if device_ids is None else device_ids
         cam = CommonAttentionMetadata(
-            query_start_loc=qsl_cpu.to(self.device, non_blocking=True),
-            query_start_loc_cpu=qsl_cpu,
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(self.device, non_blocking=True),
+            query_start_loc=dev.query_start_loc,
+            query_start_loc_cpu=torch.from_numpy(host.query_start_loc),
+            seq_lens=dev.seq_lens,
             num_reqs=b,
             num_actual_tokens=t,
             max_query_len=int(n.max()),
-            max_seq_len=int(seq_lens.max()),
-            block_table_tensor=torch.from_numpy(table.astype(np.int32)).to(self.device, non_blocking=True),
-            slot_mapping=slot_t,
-            positions=pos_t,
+            max_seq_len=int(host.seq_lens.max()),
+            block_table_tensor=dev.block_table,
+            slot_mapping=dev.slots,
+            positions=dev.positions,
         )
         metadata = {}
         for group in self.groups:
-            built = group.get_metadata_builder().build(0, cam)
+            built = group.get_metadata_builder().build_for_drafting(cam, draft_index)
             metadata.update({name: built for name in group.layer_names})
         with set_forward_context(
-            metadata, self.vllm_config, num_tokens=t, slot_mapping={name: slot_t for name in self.layer_names}
+            metadata, self.vllm_config, num_tokens=t, slot_mapping={name: dev.slots for name in self.layer_names}
         ), tensor_parallel_group(self.tp_group):
-            hidden = self.model(input_ids=input_ids, positions=pos_t)
-            last = torch.from_numpy(qsl[1:] - 1).to(self.device, non_blocking=True)
-            return self.model.compute_logits(hidden[last]).float()
+            hidden = self.model(input_ids=input_ids, positions=dev.positions)
+            return self.model.compute_logits(hidden.index_select(0, dev.last)).float()
 
     @torch.inference_mode()
     def grow_trees(

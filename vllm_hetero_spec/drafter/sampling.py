@@ -31,8 +31,10 @@ class SamplingRows:
         temperature: ``[B]`` float; below :data:`GREEDY_EPS` means greedy.
         top_k: ``[B]`` int; <= 0 means off.
         top_p: ``[B]`` float; >= 1 means off.
-        generators: per row its random stream (``None``: the global one).
+        generators: per row its own random stream (a seeded request), or ``None``: the
+            row draws from ``shared`` with the other unseeded rows, in one launch.
         host: the settings as host lists ``(temperature, top_k, top_p)``.
+        shared: the unseeded rows' stream (``None``: torch's global one, for tests).
     """
 
     temperature: torch.Tensor
@@ -40,18 +42,27 @@ class SamplingRows:
     top_p: torch.Tensor
     generators: list[torch.Generator | None]
     host: tuple[list[float], list[int], list[float]]
+    shared: torch.Generator | None = None
 
     @classmethod
     def build(
         cls, temperature: list[float], top_k: list[int], top_p: list[float],
-        generators: list[torch.Generator | None], device: torch.device,
+        generators: list[torch.Generator | None], device: torch.device, shared: torch.Generator | None = None,
     ) -> "SamplingRows":
+        """The settings on ``device`` in one host-to-device copy (top-k travels as a
+        float32, exact for any vocabulary size below 2**24)."""
+        settings = torch.tensor([temperature, top_k, top_p], dtype=torch.float32, device=device)
         return cls(
-            torch.tensor(temperature, dtype=torch.float32, device=device),
-            torch.tensor(top_k, dtype=torch.long, device=device),
-            torch.tensor(top_p, dtype=torch.float32, device=device),
-            list(generators),
-            (list(temperature), list(top_k), list(top_p)),
+            settings.select(0, 0), settings.select(0, 1).long(), settings.select(0, 2), list(generators),
+            (list(temperature), list(top_k), list(top_p)), shared,
+        )
+
+    def head(self, n: int) -> "SamplingRows":
+        """The first ``n`` rows (views: no copy)."""
+        temp, top_k, top_p = self.host
+        return SamplingRows(
+            self.temperature.narrow(0, 0, n), self.top_k.narrow(0, 0, n), self.top_p.narrow(0, 0, n),
+            self.generators[:n], (temp[:n], top_k[:n], top_p[:n]), self.shared,
         )
 
     def select(self, rows: list[int]) -> "SamplingRows":
@@ -59,8 +70,13 @@ class SamplingRows:
         temp, top_k, top_p = self.host
         return SamplingRows.build(
             [temp[r] for r in rows], [top_k[r] for r in rows], [top_p[r] for r in rows],
-            [self.generators[r] for r in rows], self.temperature.device,
+            [self.generators[r] for r in rows], self.temperature.device, self.shared,
         )
+
+    def generator(self, row: int) -> torch.Generator | None:
+        """The stream row ``row`` draws from."""
+        own = self.generators[row]
+        return own if own is not None else self.shared
 
     @property
     def greedy(self) -> torch.Tensor:
@@ -131,11 +147,14 @@ def _top_k_top_p(scaled: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
-    """One token per row from ``probs`` ``[B, V]`` by the exponential race, each row's
-    noise from its own generator; an all-greedy batch (one-hot rows) draws nothing."""
+    """One token per row from ``probs`` ``[B, V]`` by the exponential race: the noise of
+    every row is drawn in one launch from the shared stream, then a seeded row's is
+    redrawn from its own generator (one launch per seeded row, as vLLM's sampler does).
+    An all-greedy batch (one-hot rows) draws nothing."""
     if rows.all_greedy:
         return probs.argmax(dim=-1)
-    noise = torch.empty_like(probs)
+    noise = torch.empty_like(probs).exponential_(generator=rows.shared)
     for i, gen in enumerate(rows.generators):
-        noise.select(0, i).exponential_(generator=gen)
+        if gen is not None:
+            noise.select(0, i).exponential_(generator=gen)
     return (probs / noise).argmax(dim=-1)

@@ -177,7 +177,7 @@ class StringLevelProposer:
             ids_t = torch.tensor(ids, dtype=torch.long, device=psi.device)
             support, col = torch.unique(ids_t, sorted=True, return_inverse=True)
             law = torch.zeros(len(support), dtype=torch.float64, device=psi.device).index_add_(0, col, psi / total).float()
-            gen = rows.generators[i]
+            gen = rows.generator(i)
             # Sampled from and verified against the very same tensor.
             pick = int(support[_draw(law if gen is None else law.to(gen.device), gen)])
             out.target_ids[i] = pick

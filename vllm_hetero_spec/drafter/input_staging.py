@@ -1,0 +1,113 @@
+"""Persistent staging of a draft forward's integer inputs: two host-to-device copies per
+forward, from pinned host buffers into device buffers that are allocated once.
+
+A draft forward needs seven integer tensors (token ids, positions, slot mapping, the
+rows whose logits are read, query start locations, sequence lengths, the block table).
+Built one by one from Python data they would be seven pageable copies, each a
+synchronous ``cudaMemcpy`` on CUDA. Here they are packed by dtype into one int64 and one
+int32 buffer, written in place by numpy, and copied with ``non_blocking=True``; every
+tensor the forward reads is a view of a persistent device buffer.
+
+vLLM's ``CpuGpuBuffer`` does the same for one tensor, but allocates its device side at
+construction and keeps a numpy view of it; here the device side is allocated on the
+first upload, which is also what lets the device-discipline tests
+(``tests/drafter/test_draft_loop_device.py``) build the host side for real and the
+device side on a fake ``cuda`` device.
+
+A pinned buffer may still be in flight when the next forward wants to rewrite it: on
+CUDA an event recorded after each upload is waited on first, as vLLM's runner waits on
+its ``prepare_inputs_event`` before rewriting its pinned inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
+import torch
+
+T = TypeVar("T", np.ndarray, torch.Tensor)
+
+
+@dataclass
+class StagedInputs(Generic[T]):
+    """One forward's integer inputs, as host numpy views or device tensor views.
+
+    Attributes:
+        ids: ``[t]`` int64 token ids (unused when the ids are already on the device).
+        positions: ``[t]`` int64.
+        slots: ``[t]`` int64 KV slot of each token.
+        last: ``[b]`` int64 the token rows whose logits are returned.
+        query_start_loc: ``[b + 1]`` int32.
+        seq_lens: ``[b]`` int32.
+        block_table: ``[b, width]`` int32.
+    """
+
+    ids: T
+    positions: T
+    slots: T
+    last: T
+    query_start_loc: T
+    seq_lens: T
+    block_table: T
+
+
+def _layout(buf64: T, buf32: T, t: int, b: int, width: int) -> StagedInputs[T]:
+    """The views of one forward's inputs in the two packed buffers:
+    int64 ``ids | positions | slots | last``, int32 ``query_start_loc | seq_lens | block_table``."""
+    return StagedInputs(
+        buf64[:t], buf64[t : 2 * t], buf64[2 * t : 3 * t], buf64[3 * t : 3 * t + b],
+        buf32[: b + 1], buf32[b + 1 : 2 * b + 1], buf32[2 * b + 1 : 2 * b + 1 + b * width].reshape(b, width),
+    )
+
+
+def _sizes(t: int, b: int, width: int) -> tuple[int, int]:
+    return 3 * t + b, 2 * b + 1 + b * width
+
+
+class InputStaging:
+    """The drafter's persistent input buffers on one device."""
+
+    def __init__(self, device: torch.device, tokens: int = 4096, reqs: int = 256, width: int = 64):
+        self.device = device
+        self._pin = device.type == "cuda"
+        self._event = torch.cuda.Event() if self._pin else None
+        self._host64, self._host32 = self._host_buffers(*_sizes(tokens, reqs, width))
+        self._dev64: torch.Tensor | None = None
+        self._dev32: torch.Tensor | None = None
+        self._shape = (0, 0, 0)
+        self.device_allocations = 0
+
+    def _host_buffers(self, n64: int, n32: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.zeros(n64, dtype=torch.int64, pin_memory=self._pin),
+                torch.zeros(n32, dtype=torch.int32, pin_memory=self._pin))
+
+    def host(self, t: int, b: int, width: int) -> StagedInputs[np.ndarray]:
+        """Writable host views for a forward of ``t`` tokens over ``b`` sequences whose
+        block tables are at most ``width`` long (the buffers grow, by doubling, when
+        they are too small)."""
+        if self._event is not None:
+            self._event.synchronize()
+        n64, n32 = _sizes(t, b, width)
+        if n64 > self._host64.numel() or n32 > self._host32.numel():
+            self._host64, self._host32 = self._host_buffers(
+                max(n64, 2 * self._host64.numel()), max(n32, 2 * self._host32.numel()))
+        self._shape = (t, b, width)
+        return _layout(self._host64.numpy(), self._host32.numpy(), t, b, width)
+
+    def upload(self) -> StagedInputs[torch.Tensor]:
+        """Copy what :meth:`host` handed out to the device (two non-blocking copies) and
+        return the device views. The device buffers are allocated on the first upload
+        and again only when the host buffers have grown."""
+        if self._dev64 is None or self._dev64.numel() < self._host64.numel() or (
+                self._dev32.numel() < self._host32.numel()):
+            self._dev64 = torch.zeros(self._host64.numel(), dtype=torch.int64, device=self.device)
+            self._dev32 = torch.zeros(self._host32.numel(), dtype=torch.int32, device=self.device)
+            self.device_allocations += 1
+        n64, n32 = _sizes(*self._shape)
+        self._dev64[:n64].copy_(self._host64[:n64], non_blocking=True)
+        self._dev32[:n32].copy_(self._host32[:n32], non_blocking=True)
+        if self._event is not None:
+            self._event.record()
+        return _layout(self._dev64, self._dev32, *self._shape)
