@@ -64,6 +64,12 @@ class RequestState:
         )
 
 
+def new_generator(device: torch.device, seed: int) -> torch.Generator:
+    """A random stream on ``device`` (the device-discipline tests swap in host ones:
+    the CPU build of torch cannot create a ``cuda`` generator)."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def _engine_seed(seed: int) -> int:
     digest = hashlib.blake2b(f"engine:{seed}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
@@ -94,7 +100,7 @@ class DraftEngine:
         # vLLM's global RNG: the target's sampling draws from that on every TP rank, and
         # the drafter must neither shift it nor depend on it. Every rank consumes this one
         # identically (the same batches in the same order), so their drafts agree.
-        self.generator = torch.Generator(device=self.runtime.device).manual_seed(_engine_seed(seed))
+        self.generator = new_generator(self.runtime.device, _engine_seed(seed))
         self.stats = DrafterStats()
         self.draft_specials = {
             tid for tid, b in enumerate(self.bridge.draft_encoder.token_bytes) if b is None
@@ -186,7 +192,7 @@ class DraftEngine:
         draft = AlignedTokens(self.bridge.draft_encoder, self.bridge.draft_prefix_ids, self.settings.lookbehind)
         gen = None
         if params.seed is not None:
-            gen = torch.Generator(device=self.runtime.device).manual_seed(self._stream_seed(params, n_target))
+            gen = new_generator(self.runtime.device, self._stream_seed(params, n_target))
         return RequestState(bytearray(), 0, [], draft, self.runtime.new_cache(), gen, params)
 
     @staticmethod

@@ -53,12 +53,18 @@ class StagedInputs(Generic[T]):
     block_table: T
 
 
+def _cut(buf: T, start: int, n: int) -> T:
+    # ``narrow``, not ``buf[a:b]``: Python slicing of a fake ``cuda`` tensor raises on
+    # the CPU build of torch, which the device-discipline tests run on.
+    return buf[start : start + n] if isinstance(buf, np.ndarray) else buf.narrow(0, start, n)
+
+
 def _layout(buf64: T, buf32: T, t: int, b: int, width: int) -> StagedInputs[T]:
     """The views of one forward's inputs in the two packed buffers:
     int64 ``ids | positions | slots | last``, int32 ``query_start_loc | seq_lens | block_table``."""
     return StagedInputs(
-        buf64[:t], buf64[t : 2 * t], buf64[2 * t : 3 * t], buf64[3 * t : 3 * t + b],
-        buf32[: b + 1], buf32[b + 1 : 2 * b + 1], buf32[2 * b + 1 : 2 * b + 1 + b * width].reshape(b, width),
+        _cut(buf64, 0, t), _cut(buf64, t, t), _cut(buf64, 2 * t, t), _cut(buf64, 3 * t, b),
+        _cut(buf32, 0, b + 1), _cut(buf32, b + 1, b), _cut(buf32, 2 * b + 1, b * width).reshape(b, width),
     )
 
 
@@ -71,17 +77,20 @@ class InputStaging:
 
     def __init__(self, device: torch.device, tokens: int = 4096, reqs: int = 256, width: int = 64):
         self.device = device
-        self._pin = device.type == "cuda"
-        self._event = torch.cuda.Event() if self._pin else None
-        self._host64, self._host32 = self._host_buffers(*_sizes(tokens, reqs, width))
+        from vllm.utils.platform_utils import is_pin_memory_available
+
+        self._pin = device.type == "cuda" and is_pin_memory_available()
+        self._event = torch.cuda.Event() if device.type == "cuda" else None
+        self._set_host(*_sizes(tokens, reqs, width))
         self._dev64: torch.Tensor | None = None
         self._dev32: torch.Tensor | None = None
         self._shape = (0, 0, 0)
         self.device_allocations = 0
 
-    def _host_buffers(self, n64: int, n32: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.zeros(n64, dtype=torch.int64, pin_memory=self._pin),
-                torch.zeros(n32, dtype=torch.int32, pin_memory=self._pin))
+    def _set_host(self, n64: int, n32: int) -> None:
+        self._host64 = torch.zeros(n64, dtype=torch.int64, pin_memory=self._pin)
+        self._host32 = torch.zeros(n32, dtype=torch.int32, pin_memory=self._pin)
+        self._np64, self._np32 = self._host64.numpy(), self._host32.numpy()
 
     def host(self, t: int, b: int, width: int) -> StagedInputs[np.ndarray]:
         """Writable host views for a forward of ``t`` tokens over ``b`` sequences whose
@@ -91,10 +100,9 @@ class InputStaging:
             self._event.synchronize()
         n64, n32 = _sizes(t, b, width)
         if n64 > self._host64.numel() or n32 > self._host32.numel():
-            self._host64, self._host32 = self._host_buffers(
-                max(n64, 2 * self._host64.numel()), max(n32, 2 * self._host32.numel()))
+            self._set_host(max(n64, 2 * self._host64.numel()), max(n32, 2 * self._host32.numel()))
         self._shape = (t, b, width)
-        return _layout(self._host64.numpy(), self._host32.numpy(), t, b, width)
+        return _layout(self._np64, self._np32, t, b, width)
 
     def upload(self) -> StagedInputs[torch.Tensor]:
         """Copy what :meth:`host` handed out to the device (two non-blocking copies) and
@@ -106,8 +114,8 @@ class InputStaging:
             self._dev32 = torch.zeros(self._host32.numel(), dtype=torch.int32, device=self.device)
             self.device_allocations += 1
         n64, n32 = _sizes(*self._shape)
-        self._dev64[:n64].copy_(self._host64[:n64], non_blocking=True)
-        self._dev32[:n32].copy_(self._host32[:n32], non_blocking=True)
+        _cut(self._dev64, 0, n64).copy_(_cut(self._host64, 0, n64), non_blocking=True)
+        _cut(self._dev32, 0, n32).copy_(_cut(self._host32, 0, n32), non_blocking=True)
         if self._event is not None:
             self._event.record()
         return _layout(self._dev64, self._dev32, *self._shape)

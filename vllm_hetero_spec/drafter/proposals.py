@@ -181,7 +181,7 @@ class Slrs(StringLevel):
         if not sampled:
             return {}
         states = [engine.states[req_ids[i]] for i in sampled]
-        logits = engine.next_logits([req_ids[i] for i in sampled])[:, : len(engine.bridge.draft_bytes)]
+        logits = engine.next_logits([req_ids[i] for i in sampled]).narrow(1, 0, len(engine.bridge.draft_bytes))
         result = self.proposer.propose(engine.runtime, [s.cache for s in states], logits, rows.select(sampled))
         engine.stats.slrs_nodes += result.nodes
         engine.stats.slrs_capped += result.capped

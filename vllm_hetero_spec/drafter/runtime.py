@@ -246,7 +246,7 @@ class DraftModelRuntime:
         logits = self.forward(nodes, [[tok] for toks in tokens for tok in toks])
         out, start = [], 0
         for toks in tokens:
-            out.append(logits[start : start + len(toks)])
+            out.append(logits.narrow(0, start, len(toks)))
             start += len(toks)
         return out
 

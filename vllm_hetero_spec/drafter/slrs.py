@@ -71,7 +71,7 @@ class StringLevelProposer:
         self.target = SortedStrings(target_bytes)
         self.planner = PsiPlanner(self.draft, self.target)
         # On the drafter's device, where the q rows they index live.
-        self.order = torch.from_numpy(self.draft.order).to(device)
+        self.order = torch.tensor(self.draft.order.tolist(), dtype=torch.long, device=device)
         self.draft_bytes = draft_bytes
         self.target_bytes = target_bytes
         self.textless = torch.tensor([not b for b in draft_bytes], dtype=torch.bool, device=device)

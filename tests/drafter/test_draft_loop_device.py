@@ -1,0 +1,186 @@
+"""The drafter's whole per-step path on a fake ``cuda`` device, with its host<->device
+traffic counted (``tests/_device_traffic.py``): what an engine step costs in syncs and
+copies on an accelerator, shown without one.
+
+The engine is the real ``DraftEngine`` on the real SmolLM2 -> Qwen tokenizer pair, for
+every algorithm; its runtime is the real ``DraftModelRuntime`` forward path (input
+staging, KV bookkeeping, the forward context) around a stand-in model on the fake
+device (vLLM's model and attention kernels cannot run on fake tensors: that they run on
+CUDA is vLLM's business). Three requests per batch (greedy, sampled, seeded), two
+engine steps (new requests with their prompts, then one committed token each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from transformers import AutoTokenizer
+
+from _device_traffic import DeviceTraffic, Traffic
+from vllm_hetero_spec.config import HeteroSettings
+from vllm_hetero_spec.drafter import engine as engine_module
+from vllm_hetero_spec.drafter import input_staging
+from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
+from vllm_hetero_spec.drafter.paged_kv import BlockPool
+from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
+from vllm_hetero_spec.vocab.bridge import VocabBridge
+from vllm_hetero_spec.vocab.intersection import VocabIntersection
+
+CUDA = torch.device("cuda")
+DRAFT_V, TARGET_V, K = 49152, 151936, 4
+PARAMS = [RequestParams(0.0), RequestParams(0.8, top_k=50), RequestParams(1.0, top_p=0.9, seed=7)]
+CASES = {  # name: (algorithm, extra settings)
+    "tli": ("tli", {}), "fsd": ("fsd", {}), "union": ("union", {}), "slem": ("slem", {}),
+    "dtw": ("dtw", {}), "dtw-faithful": ("dtw", {"dtw_verify": "faithful"}),
+    "tli-stop-prob": ("tli", {"draft_stop_prob": 0.2}),
+}
+
+
+class _Event:
+    """Stands in for ``torch.cuda.Event`` (not constructible on the CPU build): records
+    whether every rewrite of the pinned inputs waited for the last upload."""
+
+    log: list[str] = []
+
+    def record(self) -> None:
+        self.log.append("record")
+
+    def synchronize(self) -> None:
+        self.log.append("wait")
+
+
+class _TinyModel(torch.nn.Module):
+    """A stand-in draft model on the fake device: logits from the ids and positions."""
+
+    def __init__(self, hidden: int = 8):
+        super().__init__()
+        self.emb = torch.empty(DRAFT_V, hidden, device=CUDA)
+        self.head = torch.empty(hidden, DRAFT_V, device=CUDA)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        assert input_ids.device.type == "cuda" and positions.device.type == "cuda"
+        return self.emb.index_select(0, input_ids) + positions.unsqueeze(1).to(self.emb.dtype)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.head
+
+
+def _runtime() -> DraftModelRuntime:
+    """The real runtime's per-step code on the fake device (its model set later, under
+    the fake mode)."""
+    from vllm.config import VllmConfig
+
+    rt = DraftModelRuntime.__new__(DraftModelRuntime)
+    rt.cfg = RuntimeConfig("stand-in")
+    rt.vllm_config = VllmConfig()
+    rt.tp_group = None
+    rt.device = CUDA
+    rt.layer_names, rt.groups, rt.kv = [], [], []
+    rt.vocab_size, rt.max_len = DRAFT_V, 1 << 15
+    rt.pool = BlockPool(4096, 16, 0)
+    rt.pool.copy_blocks = rt._copy_blocks
+    rt.staging = input_staging.InputStaging(CUDA)
+    return rt
+
+
+@pytest.fixture(scope="module")
+def bridge(smollm2: str, qwen05: str) -> VocabBridge:
+    return VocabBridge.build(smollm2, qwen05, DRAFT_V, TARGET_V)
+
+
+def _host_values(bridge: VocabBridge):
+    """What a transfer back brings: every draft position sampled an ordinary shared
+    token at probability 0.5 (confidence 0.9); a distribution row puts 0.9 on it."""
+    tok = int(bridge.intersection.shared_draft_ids[500])
+    target = int(bridge.intersection.draft_to_target[tok])
+
+    def values(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        out = torch.zeros(shape, dtype=dtype)
+        if dtype == torch.float64 and len(shape) == 2 and shape[1] <= 5:  # the loop's packed records
+            out[:, 0], out[:, 1] = tok, 0.5
+            if shape[1] >= 4:
+                out[:, 2] = target
+            if shape[1] in (3, 5):
+                out[:, -1] = 0.9
+        elif len(shape) == 2 and shape[1] >= DRAFT_V:  # q rows (slrs reads them on the host)
+            out.fill_(0.1 / shape[1])
+            out[:, tok] += 0.9
+        return out
+
+    return values
+
+
+def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra) -> tuple[list[Traffic], list[int], object]:
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    _Event.log = []
+    monkeypatch.setattr(engine_module, "new_generator", lambda device, seed: torch.Generator().manual_seed(seed))
+    monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: bridge)
+    # A real host tensor cannot be moved onto the fake device (torch's CPU build fails
+    # before dispatch); the maps are moved once, at construction, not per step.
+    monkeypatch.setattr(VocabIntersection, "to", lambda inter, device: dataclasses.replace(inter, **{
+        f.name: torch.empty(getattr(inter, f.name).shape, dtype=getattr(inter, f.name).dtype, device=device)
+        for f in dataclasses.fields(inter) if isinstance(getattr(inter, f.name), torch.Tensor)}))
+    rt = _runtime()
+    monkeypatch.setattr(engine_module, "DraftModelRuntime", lambda cfg: rt)
+    settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2,
+                              num_speculative_tokens=K, max_draft_tokens=K, draft_budget="fixed", **extra)
+    prompt = AutoTokenizer.from_pretrained(qwen05).encode("def fibonacci(n):\n    return")
+    traffic, forwards = [], []
+    values = _host_values(bridge)
+    with FakeTensorMode(allow_non_fake_inputs=True), DeviceTraffic(values) as probe:
+        rt.model = _TinyModel()
+        engine = engine_module.DraftEngine(settings, qwen05, TARGET_V)
+        probe.reset()
+        req_ids = ["greedy", "sampled", "seeded"]
+        for n in range(2):
+            before = engine.stats.draft_forwards
+            tokens = [np.array(prompt + [220] * n)] * 3
+            out = engine.step(StepBatch(req_ids, tokens, PARAMS, K))
+            assert all(out.ready) and all(out.ids), out.ids
+            traffic.append(probe.reset())
+            forwards.append(engine.stats.draft_forwards - before)
+    return traffic, forwards, engine
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_engine_step_syncs_once(monkeypatch, bridge, smollm2, qwen05, case) -> None:
+    """Per engine step: one device-to-host read (the draft loop's records), two
+    host-to-device copies per forward (the staged inputs) and one for the batch's
+    sampling settings; the token-level algorithms add one index of the rows whose q is
+    kept (the batch mixes greedy and sampled rows); dtw's faithful mode two for its
+    transferred probabilities. One random launch per position for the unseeded rows and
+    one per seeded row.
+
+    ``slrs`` is not here: its psi tree is planned on the host (it reads the root
+    distribution, each tree level and each request's law back), and its psi sums index
+    device tensors with Python indexing, which the CPU build of torch cannot run on fake
+    ``cuda`` tensors (``docs/drafter.md``)."""
+    algorithm, extra = CASES[case]
+    traffic, forwards, engine = _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra)
+    assert engine.defer_reads
+    for t, n in zip(traffic, forwards):
+        assert t.d2h == 1, t.where
+        assert t.h2d == 2 * n
+        expected_lists = 1 + (algorithm in ("tli", "union")) + 2 * (extra.get("dtw_verify") == "faithful")
+        assert t.from_python == expected_lists
+        assert t.draws == 2 * n  # the shared stream, and the seeded row's own
+    assert engine.runtime.staging.device_allocations == 1  # the same device buffers every forward
+    # Every rewrite of the pinned inputs first waits for the previous upload to leave.
+    assert _Event.log and _Event.log == ["wait", "record"] * (len(_Event.log) // 2)
+
+
+def test_the_harness_counts_what_it_should() -> None:
+    """The probe can fail: a ``.cpu()``, an ``.item()``, a copy from a host buffer and a
+    tensor from a Python list are each counted where they happen."""
+    with FakeTensorMode(allow_non_fake_inputs=True), DeviceTraffic(lambda s, d: torch.zeros(s, dtype=d)) as probe:
+        x = torch.zeros(4, device=CUDA)
+        x.cpu()
+        x.sum().item()
+        x.copy_(torch.ones(4))
+        torch.tensor([1.0, 2.0], device=CUDA)
+        t = probe.reset()
+    assert (t.d2h, t.h2d, t.from_python) == (2, 1, 1)
