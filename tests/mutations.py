@@ -78,6 +78,27 @@ MUTATIONS = [
         ("tests/drafter/test_proposer_token_level.py", "-k", "global_rng"),
     ),
     Mutation(
+        "read-each", "the draft loop reads back every position on an accelerator",
+        "vllm_hetero_spec/drafter/engine.py",
+        'self.defer_reads = self.runtime.device.type != "cpu"',
+        "self.defer_reads = False",
+        ("tests/drafter/test_draft_loop_device.py",),
+    ),
+    Mutation(
+        "no-wait", "the pinned inputs are rewritten before the previous upload has left",
+        "vllm_hetero_spec/drafter/input_staging.py",
+        "            self._event.synchronize()\n",
+        "",
+        ("tests/drafter/test_draft_loop_device.py",),
+    ),
+    Mutation(
+        "stop-late", "reading once, the stop rules are not applied to the deferred positions",
+        "vllm_hetero_spec/drafter/draft_loop.py",
+        "                if not self._done[j] and not self._take(j, host[start + pos], q_rows[pos]):",
+        "                if not self._take(j, host[start + pos], q_rows[pos]) and False:",
+        ("tests/drafter/test_proposer_token_level.py", "-k", "reading_once"),
+    ),
+    Mutation(
         "rank-rng", "one TP rank draws from its global RNG while drafting (e2e, about 2 minutes)",
         "vllm_hetero_spec/proposer.py",
         "        if self._check_ranks:\n",
@@ -136,10 +157,10 @@ MUTATIONS = [
     ),
     Mutation(
         "drop-stop-token", "draft_stop_prob drops the unsure token instead of stopping after it",
-        "vllm_hetero_spec/drafter/engine.py",
-        "                tok, tok_q = int(host[j][0]), host[j][1]\n",
-        "                tok, tok_q = int(host[j][0]), host[j][1]\n"
-        "                if stop_prob > 0 and host[j][-1] < stop_prob:\n                    continue\n",
+        "vllm_hetero_spec/drafter/draft_loop.py",
+        "        tok = int(rec[_ID])\n",
+        "        tok = int(rec[_ID])\n"
+        "        if self.stop_prob > 0 and rec[-1] < self.stop_prob:\n            return False\n",
         ("tests/drafter/test_proposer_token_level.py", "-k", "stop_prob"),
     ),
     Mutation(
@@ -158,9 +179,9 @@ MUTATIONS = [
     ),
     Mutation(
         "batch-length", "every row drafts the step's longest length (its stream advances by the batch's k)",
-        "vllm_hetero_spec/drafter/engine.py",
-        "                if step + 1 < row_steps[i]:\n",
-        "                if True:\n",
+        "vllm_hetero_spec/drafter/draft_loop.py",
+        "        self.steps = [steps[i] for i in self.order]\n",
+        "        self.steps = [max(steps)] * len(steps)\n",
         ("tests/drafter/test_proposer_token_level.py", "-k", "own_length"),
     ),
     Mutation(
