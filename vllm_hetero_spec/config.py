@@ -145,9 +145,14 @@ class HeteroSettings:
         "on CUDA, `bfloat16` on a CPU with native bf16 (`avx512_bf16` or `amx_bf16`: 1.5x faster per draft "
         "token there), else `float32`; the choice is logged at start-up",
         choice("auto", "float32", "bfloat16", "float16"), "")
-    draft_kv_pool_mb: int = setting(
-        512, "the drafter's paged KV pool (MiB), allocated once on the target's device; a request that finds "
-        "it full runs undrafted that step (`hetero:pool_full_requests_total`), never an error", integer(1),
+    draft_kv_pool_mb: int | str = setting(
+        "auto", "the drafter's paged KV pool (MiB), allocated once on the target's device; a request that finds "
+        "it full runs undrafted that step (`hetero:pool_full_requests_total`), never an error; `auto`: room for "
+        "`max_num_seqs` sequences at the drafter's longest context, capped at the target's explicit KV budget "
+        "(`kv_cache_memory_bytes`, `VLLM_CPU_KVCACHE_SPACE`) or else a tenth of the device's memory; the size is "
+        "logged at start-up",
+        Check(lambda v: v == "auto" or (not isinstance(v, bool) and isinstance(v, int) and v >= 1),
+              "'auto' or an integer >= 1"),
         "e.g. 512")
     max_draft_tokens: int = setting(
         None, "draft-model tokens generated per step before re-tokenizing", integer(1), "e.g. 4",

@@ -35,6 +35,7 @@ from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings, reque
 from vllm_hetero_spec.drafter.budget import make_budget
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.executors import DraftExecutor, make_executor
+from vllm_hetero_spec.drafter.pool_size import engine_pool_mb
 from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.verify.plan import VerifyPlan
 
@@ -128,7 +129,17 @@ class HeteroProposer:
         if self.executor is not None or (self._broadcast and self._tp.rank_in_group != 0):
             return
         model_config = self._vllm_config.model_config
+        if self.settings.draft_kv_pool_mb == "auto":
+            self.settings = dataclasses.replace(self.settings, draft_kv_pool_mb=self._auto_pool_mb())
         self.executor = make_executor(self.settings, model_config.tokenizer, self.target_vocab, int(model_config.seed or 0))
+
+    def _auto_pool_mb(self) -> int:
+        """``draft_kv_pool_mb: auto`` for this engine (``drafter/pool_size.py``), logged."""
+        settings = self.settings
+        size, why = engine_pool_mb(self._vllm_config, settings.draft_model, getattr(torch, settings.draft_dtype),
+                                   settings.max_draft_tokens or self.k)
+        logger.info("hetero spec: draft KV pool %d MiB (%s)", size, why)
+        return size
 
     def drop_request(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""

@@ -148,3 +148,15 @@ def test_pool_is_bounded(smollm2_runtime: DraftModelRuntime) -> None:
     runtime.forward([cache], [[8] * (pool.block_size + 1)])
     cache.release()
     assert pool.num_free == free
+
+
+def test_the_pool_sizing_counts_what_the_runtime_allocates(smollm2: str, smollm2_runtime) -> None:
+    """``draft_kv_pool_mb: auto`` sizes from the draft config's bytes per token: the
+    same bytes the runtime's vLLM KV specs give a block."""
+    from transformers import AutoConfig
+
+    from vllm_hetero_spec.drafter.pool_size import draft_bytes_per_token
+
+    pool = smollm2_runtime.pool
+    assert pool.bytes_per_block == draft_bytes_per_token(AutoConfig.from_pretrained(smollm2), torch.float32) * (
+        pool.block_size)

@@ -87,7 +87,8 @@ def _proposer(
     ScriptedRuntime.script = script
     ScriptedRuntime.confidence = confidence or {}
     settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2, num_speculative_tokens=K,
-                              max_draft_tokens=K, fsd_threshold=0.05, draft_budget="fixed", **extra)
+                              max_draft_tokens=K, fsd_threshold=0.05, draft_budget="fixed", draft_kv_pool_mb=64,
+                              **extra)
     config = SimpleNamespace(
         additional_config={"hetero_spec": settings.to_dict()},
         model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05, seed=0),

@@ -40,6 +40,7 @@ def _engine_config(target: str, spec):
         ({"executor": "ray", "ray_address": ""}, "'ray_address'"),
         ({"executor": "ray", "min_speculative_tokens": 5}, "'min_speculative_tokens'"),
         ({"draft_kv_pool_mb": 0}, "'draft_kv_pool_mb'"),
+        ({"draft_kv_pool_mb": "big"}, "'draft_kv_pool_mb'"),
     ],
 )
 def test_bad_config_names_key(gemma: str, smollm2: str, override: dict, key: str) -> None:

@@ -31,6 +31,7 @@ from vllm_hetero_spec.drafter.draft_loop import DraftLoop
 from vllm_hetero_spec.drafter.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
 from vllm_hetero_spec.drafter.messages import DraftOutput, DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted
+from vllm_hetero_spec.drafter.pool_size import STANDALONE_MB
 from vllm_hetero_spec.drafter.proposals import make_proposals
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
 from vllm_hetero_spec.drafter.sampling import SamplingRows
@@ -75,6 +76,12 @@ def _engine_seed(seed: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+def _concrete_pool_mb(value: int | str) -> int:
+    """``value``, or what ``auto`` means when no engine resolved it (``proposer.py``
+    sizes it from the engine's batch; a standalone drafter has none)."""
+    return STANDALONE_MB if value == "auto" else int(value)
+
+
 def _concrete_dtype(name: str) -> str:
     """``name``, or what ``auto`` means here when no engine resolved it (start-up
     resolves it against the target's dtype; a standalone drafter has none)."""
@@ -90,7 +97,7 @@ class DraftEngine:
         self.k = settings.num_speculative_tokens
         self.runtime = DraftModelRuntime(
             RuntimeConfig(settings.draft_model, getattr(torch, _concrete_dtype(settings.draft_dtype)),
-                          settings.draft_kv_pool_mb)
+                          _concrete_pool_mb(settings.draft_kv_pool_mb))
         )
         self.bridge = VocabBridge.build(settings.draft_tokenizer, target_tokenizer, self.runtime.vocab_size, target_vocab)
         self.intersection = self.bridge.intersection.to(self.runtime.device)
