@@ -9,8 +9,9 @@ host and device is counted here instead of run:
   of Python data (counted apart, as ``from_python``);
 - device to host: ``.cpu()``/``.to("cpu")``, ``copy_`` into a host tensor, ``.item()``.
 
-``Tensor.copy_`` is routed to its aten op while the probe is active: its Python
-binding sets a CUDA device guard before dispatch, which the CPU build cannot.
+``Tensor.copy_`` and ``Tensor.to`` (of a real host tensor to the device) are routed to
+their aten ops while the probe is active: their Python bindings set up CUDA before
+dispatch, which the CPU build cannot.
 
 A device-to-host copy returns real host data from ``host_values`` (fake tensors hold
 none), so the code under test goes on as it would after a real transfer; ops on real
@@ -40,6 +41,26 @@ def _is_host(t: object) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "cpu"
 
 
+def _to_via_aten(original):
+    """``Tensor.to`` that sends a real host tensor bound for ``cuda`` through
+    ``aten._to_copy`` (so the probe sees it); anything else as before."""
+
+    def to(self, *args, **kwargs):
+        device, dtype = kwargs.get("device"), kwargs.get("dtype")
+        for a in args:
+            if isinstance(a, (str, torch.device)):
+                device = a
+            elif isinstance(a, torch.dtype):
+                dtype = a
+        if (device is not None and torch.device(device).type == "cuda" and self.device.type == "cpu"
+                and not isinstance(self, FakeTensor)):
+            return aten._to_copy.default(self, device=torch.device(device), dtype=dtype or self.dtype,
+                                         non_blocking=kwargs.get("non_blocking", False))
+        return original(self, *args, **kwargs)
+
+    return to
+
+
 @dataclass
 class Traffic:
     h2d: int = 0
@@ -57,12 +78,13 @@ class DeviceTraffic(TorchDispatchMode):
         self._fresh: set[int] = set()
 
     def __enter__(self):
-        self._copy = torch.Tensor.copy_
+        self._copy, self._to = torch.Tensor.copy_, torch.Tensor.to
         torch.Tensor.copy_ = lambda dst, src, non_blocking=False: aten.copy_.default(dst, src, non_blocking)
+        torch.Tensor.to = _to_via_aten(self._to)
         return super().__enter__()
 
     def __exit__(self, *exc):
-        torch.Tensor.copy_ = self._copy
+        torch.Tensor.copy_, torch.Tensor.to = self._copy, self._to
         return super().__exit__(*exc)
 
     def reset(self) -> Traffic:

@@ -12,8 +12,6 @@ engine steps (new requests with their prompts, then one committed token each).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -28,14 +26,13 @@ from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
 from vllm_hetero_spec.drafter.paged_kv import BlockPool
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
 from vllm_hetero_spec.vocab.bridge import VocabBridge
-from vllm_hetero_spec.vocab.intersection import VocabIntersection
 
 CUDA = torch.device("cuda")
 DRAFT_V, TARGET_V, K = 49152, 151936, 4
 PARAMS = [RequestParams(0.0), RequestParams(0.8, top_k=50), RequestParams(1.0, top_p=0.9, seed=7)]
 CASES = {  # name: (algorithm, extra settings)
     "tli": ("tli", {}), "fsd": ("fsd", {}), "union": ("union", {}), "slem": ("slem", {}),
-    "dtw": ("dtw", {}), "dtw-faithful": ("dtw", {"dtw_verify": "faithful"}),
+    "dtw": ("dtw", {}), "dtw-faithful": ("dtw", {"dtw_verify": "faithful"}), "slrs": ("slrs", {}),
     "tli-stop-prob": ("tli", {"draft_stop_prob": 0.2}),
 }
 
@@ -119,11 +116,6 @@ def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra) -> tuple[
     _Event.log = []
     monkeypatch.setattr(engine_module, "new_generator", lambda device, seed: torch.Generator().manual_seed(seed))
     monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: bridge)
-    # A real host tensor cannot be moved onto the fake device (torch's CPU build fails
-    # before dispatch); the maps are moved once, at construction, not per step.
-    monkeypatch.setattr(VocabIntersection, "to", lambda inter, device: dataclasses.replace(inter, **{
-        f.name: torch.empty(getattr(inter, f.name).shape, dtype=getattr(inter, f.name).dtype, device=device)
-        for f in dataclasses.fields(inter) if isinstance(getattr(inter, f.name), torch.Tensor)}))
     rt = _runtime()
     monkeypatch.setattr(engine_module, "DraftModelRuntime", lambda cfg: rt)
     settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2,
@@ -155,14 +147,20 @@ def test_an_engine_step_syncs_once(monkeypatch, bridge, smollm2, qwen05, case) -
     transferred probabilities. One random launch per position for the unseeded rows and
     one per seeded row.
 
-    ``slrs`` is not here: its psi tree is planned on the host (it reads the root
-    distribution, each tree level and each request's law back), and its psi sums index
-    device tensors with Python indexing, which the CPU build of torch cannot run on fake
-    ``cuda`` tensors (``docs/drafter.md``)."""
+    ``slrs`` is the exception, held at what it does today: its psi tree is planned on the
+    host, which reads the root distribution, each tree level and each request's law
+    back (``docs/drafter.md``)."""
     algorithm, extra = CASES[case]
     traffic, forwards, engine = _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra)
     assert engine.defer_reads
     for t, n in zip(traffic, forwards):
+        if algorithm == "slrs":
+            # The draft loop's records once; then psi's own reads: the root q of the
+            # sampled requests, each tree level per request, each request's law total
+            # (6 here, with two sampled requests; the test holds the line at that).
+            records = [w for w in t.where if w.startswith("to_host[") and not w.endswith(f", {DRAFT_V}]")]
+            assert len(records) == 1 and t.d2h <= 6, t.where
+            continue
         assert t.d2h == 1, t.where
         assert t.h2d == 2 * n
         expected_lists = 1 + (algorithm in ("tli", "union")) + 2 * (extra.get("dtw_verify") == "faithful")

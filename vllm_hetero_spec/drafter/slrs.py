@@ -171,7 +171,7 @@ class StringLevelProposer:
             if self.target_eos is not None:
                 ids.append(self.target_eos)
                 psi = torch.cat([psi, eos_mass.narrow(0, i, 1).to(psi.device)])
-            total = float(psi.sum())
+            total = psi.sum().item()
             if total < MIN_COVERAGE:
                 continue
             ids_t = torch.tensor(ids, dtype=torch.long, device=psi.device)
@@ -179,7 +179,7 @@ class StringLevelProposer:
             law = torch.zeros(len(support), dtype=torch.float64, device=psi.device).index_add_(0, col, psi / total).float()
             gen = rows.generator(i)
             # Sampled from and verified against the very same tensor.
-            pick = int(support[_draw(law if gen is None else law.to(gen.device), gen)])
+            pick = support.select(0, _draw(law if gen is None else law.to(gen.device), gen)).item()
             out.target_ids[i] = pick
             out.q_rows[i] = DraftProbs(law.unsqueeze(0), support.unsqueeze(0))
             out.coverage.append(total)
@@ -191,4 +191,4 @@ class StringLevelProposer:
 def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One sample of ``probs`` (exponential race, the request's generator if seeded)."""
     noise = torch.empty_like(probs).exponential_(generator=generator)
-    return int((probs / noise).argmax())
+    return (probs / noise).argmax().item()

@@ -176,21 +176,20 @@ class TreeBuilder:
         if not ids:
             return ids, torch.zeros(0, dtype=torch.float64, device=device)
         q = torch.stack(self.q_rows).to(device=device, dtype=torch.float64)  # rows come from the host-side tree
-        cum = torch.zeros(q.shape[0], order.numel() + 1, dtype=torch.float64, device=device)
-        cum[:, 1:] = q[:, order].cumsum(dim=1)
-        prob = torch.tensor(self.prob, dtype=torch.float64, device=device)
-        psi = torch.zeros(len(ids), dtype=torch.float64, device=device)
+        width = order.numel() + 1
+        # cum[n * width + j]: node n's mass on the first j draft tokens in byte order.
+        cum = torch.nn.functional.pad(q.index_select(1, order).cumsum(dim=1), (1, 0)).reshape(-1)
+        parts: list[list[np.ndarray]] = [[], [], [], [], []]  # candidate, node, lo, hi, sign
         for c, (_, plan) in enumerate(self._active):
-            nodes, los, his, signs = [], [], [], []
             for node, text in enumerate(self.texts):
                 lo, hi, sign = plan.terms(text)
-                nodes.append(np.full(lo.size, node))
-                los.append(lo)
-                his.append(hi)
-                signs.append(sign)
-            # The terms' indices are built on the host (per-string plans), moved once.
-            n = torch.from_numpy(np.concatenate(nodes)).to(device)
-            lo, hi = torch.from_numpy(np.concatenate(los)).to(device), torch.from_numpy(np.concatenate(his)).to(device)
-            sign = torch.from_numpy(np.concatenate(signs)).to(device)
-            psi[c] = (sign * prob[n] * (cum[n, hi] - cum[n, lo])).sum()
+                for part, values in zip(parts, (np.full(lo.size, c), np.full(lo.size, node), lo, hi, sign)):
+                    part.append(values)
+        # Every candidate's terms are built on the host (per-string plans) and moved in one copy.
+        terms = torch.from_numpy(np.stack([np.concatenate(p).astype(np.int64) for p in parts])).to(device)
+        cand, node, lo, hi, sign = terms.unbind(0)
+        prob = torch.tensor(self.prob, dtype=torch.float64, device=device)
+        mass = cum.index_select(0, node * width + hi) - cum.index_select(0, node * width + lo)
+        value = sign.to(torch.float64) * prob.index_select(0, node) * mass
+        psi = torch.zeros(len(ids), dtype=torch.float64, device=device).index_add_(0, cand, value)
         return ids, psi.clamp(min=0.0)
