@@ -158,18 +158,31 @@ def test_a_sampled_row_never_accepts_a_token_the_target_rules_out() -> None:
     assert bool((out[:, 0] == 0).all()), out[:, 0]
 
 
-def test_dummy_batches_from_vllms_profile_run(monkeypatch) -> None:
+@pytest.mark.parametrize("fsd", [None, ("js", 10)], ids=["plain", "fsd"])
+def test_dummy_batches_from_vllms_profile_run(monkeypatch, fsd) -> None:
     """vLLM's ``_dummy_sampler_run`` (the memory profile and warm-up of every engine
     built without enforce_eager) calls the rejection sampler with one dummy draft per
-    row and no request in the batch, sampled and then all greedy: both verify."""
+    row and no request in the batch, sampled and then all greedy: both verify. With
+    ``fsd`` the dummy verification computes the divergence (its largest transient), so
+    vLLM's memory profile covers it."""
     from types import SimpleNamespace
 
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    from vllm_hetero_spec.verify import sampler as sampler_module
     from vllm_hetero_spec.verify.sampler import BatchRows
 
+    fuzzy_seen = []
+    verify = sampler_module.verify_tokens
+
+    def recording_verify(*args, **kwargs):
+        fuzzy_seen.append(args[11] is not None)
+        return verify(*args, **kwargs)
+
+    monkeypatch.setattr(sampler_module, "verify_tokens", recording_verify)
     calls = []
-    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_rows=lambda: BatchRows([], []))
+    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_rows=lambda: BatchRows([], []),
+                                     fsd=fsd)
     original = sampler.forward
 
     def forward(*args, **kwargs):
@@ -187,7 +200,7 @@ def test_dummy_batches_from_vllms_profile_run(monkeypatch) -> None:
         speculative_config=SimpleNamespace(rejection_sample_method="standard", draft_sample_method="greedy"),
     )
     GPUModelRunner._dummy_sampler_run(runner, torch.randn(b, 32))
-    assert len(calls) == 2
+    assert len(calls) == 2 and fuzzy_seen == [fsd is not None] * 2
     for out in calls:
         assert out.shape == (b, 2) and bool(((out[:, 0] >= 0) & (out[:, 0] < V)).all())
         assert bool(((out[:, 1] >= -1) & (out[:, 1] < V)).all())

@@ -93,14 +93,21 @@ def _dummy_rows(b: int, all_greedy: bool) -> BatchRows:
     return BatchRows([f"dummy-{i}" for i in range(b)], [all_greedy] * b)
 
 
-def _dummy_plan(b: int, num_draft: list[int], vocab: int, device: torch.device) -> VerifyPlan:
+def _dummy_plan(
+    b: int, num_draft: list[int], vocab: int, device: torch.device, fsd: tuple[str, int] | None
+) -> VerifyPlan:
     """A dense q row over the whole vocabulary for every dummy draft, as vLLM's own
     dummy run passes probabilistic draft probabilities: the profile then sees the
-    largest compact q a step can hold."""
+    largest compact q a step can hold. With ``fsd`` (its divergence and top-k) every
+    row also gets a threshold, so the profile covers fsd's dense ``[B, K, V]``
+    divergence, a step's largest transient (about 3.7 GB at B = 256 for Qwen's vocabulary)."""
     ends = list(itertools.accumulate(num_draft))
     probs = torch.full((ends[-1] if ends else 0, vocab), 1.0 / vocab, dtype=torch.float32, device=device)
     plan = VerifyPlan(DraftProbs(probs, torch.arange(vocab, device=device)))
     plan.q_index = {f"dummy-{i}": list(range(end - n, end)) for i, (n, end) in enumerate(zip(num_draft, ends))}
+    if fsd is not None:
+        plan.divergence, plan.topk = fsd
+        plan.fsd_threshold = {req_id: 1.0 for req_id in plan.q_index}
     return plan
 
 
@@ -109,7 +116,8 @@ class HeteroRejectionSampler(RejectionSampler):
 
     ``batch_rows`` returns the rows being verified (the runner's batch order at
     verification; none during vLLM's dummy runs); :attr:`plan` is set before each
-    verification and used once.
+    verification and used once. ``fsd`` (the divergence and its top-k) when the
+    algorithm is ``fsd``: vLLM's dummy runs then verify with fuzzy acceptance too.
     """
 
     def __init__(
@@ -118,9 +126,11 @@ class HeteroRejectionSampler(RejectionSampler):
         spec_config: SpeculativeConfig | None,
         device: torch.device | None,
         batch_rows: Callable[[], BatchRows],
+        fsd: tuple[str, int] | None = None,
     ) -> None:
         super().__init__(sampler, spec_config, device)
         self.batch_rows = batch_rows
+        self.fsd = fsd
         self.plan: VerifyPlan | None = None
 
     def forward(
@@ -152,7 +162,7 @@ class HeteroRejectionSampler(RejectionSampler):
         draft_ids = metadata.draft_token_ids.long().index_select(0, flat_index.flatten()).view(b, k)
         rows = self.batch_rows()
         if not rows.req_ids and b > 0:
-            rows, plan = _dummy_rows(b, sampling_metadata.all_greedy), _dummy_plan(b, num_draft, vocab, device)
+            rows, plan = _dummy_rows(b, sampling_metadata.all_greedy), _dummy_plan(b, num_draft, vocab, device, self.fsd)
         if len(rows.req_ids) != b or len(rows.greedy) != b:
             raise RuntimeError(f"hetero spec: verifying {b} rows but the batch holds {len(rows.req_ids)} requests")
         block = plan.layout(rows.req_ids, num_draft, k, device)
