@@ -42,6 +42,7 @@ class DraftLoop:
         self.specials = engine.draft_specials
         self.stop_prob = engine.settings.draft_stop_prob
         self.n_draft = engine.intersection.draft_to_target.numel()
+        self.support = engine.intersection.support
         steps = [strategy.draft_steps(c) for c in caps]
         self.order = sorted(range(len(req_ids)), key=lambda i: -steps[i])
         self.steps = [steps[i] for i in self.order]
@@ -154,6 +155,5 @@ class DraftLoop:
     def output(self) -> DraftOutput:
         if not self.token_level:
             return DraftOutput(self.drafts, self.token_q, self.absent)
-        support = self.strategy.engine.intersection.support
-        q = DraftProbs(torch.cat(self.q_parts), support) if self.q_parts else None
+        q = DraftProbs(torch.cat(self.q_parts), self.support) if self.q_parts else None
         return DraftOutput(self.proposals, self.token_q, self.absent, q, self.q_index if q is not None else [])

@@ -88,8 +88,10 @@ class InputStaging:
         self.device_allocations = 0
 
     def _set_host(self, n64: int, n32: int) -> None:
-        self._host64 = torch.zeros(n64, dtype=torch.int64, pin_memory=self._pin)
-        self._host32 = torch.zeros(n32, dtype=torch.int32, pin_memory=self._pin)
+        """The host side, on the host by design (pinned on CUDA); allocated at start and
+        again only when a forward outgrows it, never per step."""
+        self._host64 = torch.zeros(n64, dtype=torch.int64, device="cpu", pin_memory=self._pin)
+        self._host32 = torch.zeros(n32, dtype=torch.int32, device="cpu", pin_memory=self._pin)
         self._np64, self._np32 = self._host64.numpy(), self._host32.numpy()
 
     def host(self, t: int, b: int, width: int) -> StagedInputs[np.ndarray]:
