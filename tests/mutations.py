@@ -205,6 +205,20 @@ MUTATIONS = [
         "        lump = 0.0 if lengths is not None else float(sum(",
         ("tests/drafter/test_budget.py",),
     ),
+    Mutation(
+        "graph-pad-slots", "a graph-padded forward leaves its padding tokens the previous step's KV slots",
+        "vllm_hetero_spec/drafter/cuda_graphs.py",
+        "            self.slots.narrow(0, t, padded - t).fill_(PADDING_SLOT_ID)",
+        "            pass",
+        ("tests/drafter/test_drafter_runtime.py", "-k", "padded"),
+    ),
+    Mutation(
+        "graph-fresh-inputs", "a graphed forward reads its ids from a fresh tensor, not the captured buffer",
+        "vllm_hetero_spec/drafter/cuda_graphs.py",
+        "        return self.input_ids.narrow(0, 0, padded), self.positions",
+        "        return self.input_ids.narrow(0, 0, padded).clone(), self.positions",
+        ("tests/drafter/test_draft_loop_device.py", "-k", "graphed"),
+    ),
 ]
 
 

@@ -154,6 +154,16 @@ class HeteroSettings:
         Check(lambda v: v == "auto" or (not isinstance(v, bool) and isinstance(v, int) and v >= 1),
               "'auto' or an integer >= 1"),
         "e.g. 512")
+    draft_cuda_graphs: bool | str | list[int] = setting(
+        "auto", "CUDA graphs for the drafter's forwards (vLLM's compilation with piecewise graphs, one per "
+        "batch-size bucket, captured at start-up in the target's capture phase: "
+        "[drafter.md](drafter.md#cuda-graphs)); `auto`: at the target's capture sizes; a list of token counts: "
+        "those buckets; `false`: eager. Only where the target captures graphs (CUDA without `enforce_eager`): "
+        "off on CPU, where vLLM captures none",
+        Check(lambda v: v == "auto" or v is False or (
+            isinstance(v, list) and bool(v) and all(not isinstance(x, bool) and isinstance(x, int) and x >= 1 for x in v)),
+            "'auto', false, or a non-empty list of integers >= 1"),
+        "e.g. 'auto', false or [1, 2, 4, 8]")
     max_draft_tokens: int = setting(
         None, "draft-model tokens generated per step before re-tokenizing", integer(1), "e.g. 4",
         default_text="k", algorithms=("slem", "dtw", "slrs"))

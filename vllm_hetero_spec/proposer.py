@@ -33,6 +33,7 @@ from vllm.logger import init_logger
 
 from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings, request_fsd_threshold
 from vllm_hetero_spec.drafter.budget import make_budget
+from vllm_hetero_spec.drafter.cuda_graphs import resolve_graph_sizes
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.executors import DraftExecutor, make_executor
 from vllm_hetero_spec.drafter.pool_size import engine_pool_mb
@@ -131,7 +132,23 @@ class HeteroProposer:
         model_config = self._vllm_config.model_config
         if self.settings.draft_kv_pool_mb == "auto":
             self.settings = dataclasses.replace(self.settings, draft_kv_pool_mb=self._auto_pool_mb())
+        # The Ray actor drafts on CPU cores: no graphs there, whatever the target does.
+        device_type = "cpu" if self.settings.executor == "ray" else self._vllm_config.device_config.device.type
+        sizes = resolve_graph_sizes(self.settings.draft_cuda_graphs, self._vllm_config.compilation_config,
+                                    model_config.enforce_eager, device_type)
+        logger.info("hetero spec: draft CUDA graphs %s", f"at sizes {list(sizes)}" if sizes else "off (eager)")
+        self.settings = dataclasses.replace(self.settings, draft_cuda_graphs=list(sizes) or False)
         self.executor = make_executor(self.settings, model_config.tokenizer, self.target_vocab, int(model_config.seed or 0))
+
+    def capture_graphs(self) -> int:
+        """Capture the drafter's CUDA graphs; vLLM's runner calls this in its own capture
+        phase (``vllm_patches.py``). Returns how many were captured."""
+        if self.executor is None:
+            return 0
+        n = self.executor.capture_graphs()
+        if n:
+            logger.info("hetero spec: captured %d draft CUDA graphs", n)
+        return n
 
     def _auto_pool_mb(self) -> int:
         """``draft_kv_pool_mb: auto`` for this engine (``drafter/pool_size.py``), logged."""

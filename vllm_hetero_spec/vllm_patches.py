@@ -150,8 +150,10 @@ def _patch_model_runner() -> None:
     we hand the sampler the step's verification plan (compact q, greedy requests,
     union's forced rejections, fsd's thresholds: one object, keyed by request id, instead
     of vLLM's dense ``[B, K, V]`` draft-probabilities slot); we tell the proposer when
-    requests finish, abort or are preempted, and let it release its executor (a Ray
-    actor and cluster) when the runner shuts down."""
+    requests finish, abort or are preempted, let it capture the drafter's CUDA graphs in
+    the runner's capture phase (``capture_model``: vLLM calls a ``custom_class``
+    proposer's ``dummy_run`` never), and let it release its executor (a Ray actor and
+    cluster) when the runner shuts down."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_hetero_spec.proposer import HeteroProposer
@@ -212,6 +214,16 @@ def _patch_model_runner() -> None:
                 drafter.drop_request(req_id)
         return update(self, scheduler_output)
 
+    capture = GPUModelRunner.capture_model
+
+    @functools.wraps(capture)
+    def capture_model(self: GPUModelRunner) -> int:
+        # The drafter's graphs first: the runner locks its workspace after capturing.
+        drafter = _hetero_drafter(self)
+        if drafter is not None:
+            drafter.capture_graphs()
+        return capture(self)
+
     shutdown = GPUModelRunner.shutdown
 
     @functools.wraps(shutdown)
@@ -227,6 +239,7 @@ def _patch_model_runner() -> None:
     patch(GPUModelRunner, "propose_draft_token_ids", propose_draft_token_ids, why)
     patch(GPUModelRunner, "_on_request_state_removed", _on_request_state_removed, why)
     patch(GPUModelRunner, "_update_states", _update_states, why)
+    patch(GPUModelRunner, "capture_model", capture_model, why)
 
 
 def spec_config_arg(value: str) -> dict[str, Any] | None:

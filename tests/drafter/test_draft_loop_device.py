@@ -19,10 +19,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from transformers import AutoTokenizer
 
 from _device_traffic import DeviceTraffic, Traffic
+from _graph_config import graph_config
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter import engine as engine_module
 from vllm_hetero_spec.drafter import input_staging
 from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
+from vllm_hetero_spec.drafter.cuda_graphs import DraftGraphs
 from vllm_hetero_spec.drafter.paged_kv import BlockPool
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
 from vllm_hetero_spec.vocab.bridge import VocabBridge
@@ -51,29 +53,34 @@ class _Event:
 
 
 class _TinyModel(torch.nn.Module):
-    """A stand-in draft model on the fake device: logits from the ids and positions."""
+    """A stand-in draft model on the fake device: logits from the ids and positions.
+    It records what each forward read: the inputs and vLLM's forward context."""
 
     def __init__(self, hidden: int = 8):
         super().__init__()
         self.emb = torch.empty(DRAFT_V, hidden, device=CUDA)
         self.head = torch.empty(hidden, DRAFT_V, device=CUDA)
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, object]] = []
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        from vllm.forward_context import get_forward_context
+
         assert input_ids.device.type == "cuda" and positions.device.type == "cuda"
+        self.calls.append((input_ids, positions, get_forward_context()))
         return self.emb.index_select(0, input_ids) + positions.unsqueeze(1).to(self.emb.dtype)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden @ self.head
 
 
-def _runtime() -> DraftModelRuntime:
+def _runtime(graph_sizes: list[int] | None = None) -> DraftModelRuntime:
     """The real runtime's per-step code on the fake device (its model set later, under
-    the fake mode)."""
+    the fake mode; its graph buffers too, as they live on the device)."""
     from vllm.config import VllmConfig
 
     rt = DraftModelRuntime.__new__(DraftModelRuntime)
-    rt.cfg = RuntimeConfig("stand-in")
-    rt.vllm_config = VllmConfig()
+    rt.cfg = RuntimeConfig("stand-in", graph_sizes=tuple(graph_sizes or ()))
+    rt.vllm_config = graph_config(graph_sizes) if graph_sizes else VllmConfig()
     rt.tp_group = None
     rt.device = CUDA
     rt.layer_names, rt.groups, rt.kv = [], [], []
@@ -111,12 +118,13 @@ def _host_values(bridge: VocabBridge):
     return values
 
 
-def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra) -> tuple[list[Traffic], list[int], object]:
+def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra,
+               graph_sizes: list[int] | None = None) -> tuple[list[Traffic], list[int], object]:
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     _Event.log = []
     monkeypatch.setattr(engine_module, "new_generator", lambda device, seed: torch.Generator().manual_seed(seed))
     monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: bridge)
-    rt = _runtime()
+    rt = _runtime(graph_sizes)
     monkeypatch.setattr(engine_module, "DraftModelRuntime", lambda cfg: rt)
     settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2,
                               num_speculative_tokens=K, max_draft_tokens=K, draft_budget="fixed", **extra)
@@ -125,6 +133,7 @@ def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra) -> tuple[
     values = _host_values(bridge)
     with FakeTensorMode(allow_non_fake_inputs=True), DeviceTraffic(values) as probe:
         rt.model = _TinyModel()
+        rt.graphs = DraftGraphs(rt.vllm_config, CUDA)
         engine = engine_module.DraftEngine(settings, qwen05, TARGET_V)
         probe.reset()
         req_ids = ["greedy", "sampled", "seeded"]
@@ -182,3 +191,70 @@ def test_the_harness_counts_what_it_should() -> None:
         torch.tensor([1.0, 2.0], device=CUDA)
         t = probe.reset()
     assert (t.d2h, t.h2d, t.from_python) == (2, 1, 1)
+
+
+@pytest.mark.parametrize("case", ["tli", "slem", "slrs"])
+def test_graphed_forwards_read_persistent_buffers(monkeypatch, bridge, smollm2, qwen05, case) -> None:
+    """With CUDA graphs on (buckets 1, 2, 4, 8), every forward a bucket holds runs padded
+    to it, in vLLM's ``PIECEWISE`` mode with that bucket's batch descriptor, and reads
+    its ids and positions from the same two persistent buffers (the addresses a
+    captured graph replays from); larger forwards (the prompts' catch-up) run eager and
+    unpadded. Staging into the graph buffers copies on the device only: the step's
+    host traffic is what it is without graphs."""
+    from vllm.config import CUDAGraphMode
+
+    algorithm, extra = CASES[case]
+    sizes = [1, 2, 4, 8]
+    traffic, forwards, engine = _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra, sizes)
+    rt = engine.runtime
+    ids_storage, pos_storage = rt.graphs.input_ids.untyped_storage()._cdata, rt.graphs.positions.untyped_storage()._cdata
+    graphed = eager = 0
+    for input_ids, positions, ctx in rt.model.calls:
+        n = input_ids.shape[0]
+        if ctx.cudagraph_runtime_mode == CUDAGraphMode.PIECEWISE:
+            graphed += 1
+            assert n in sizes and ctx.batch_descriptor.num_tokens == n
+            assert input_ids.untyped_storage()._cdata == ids_storage and input_ids.storage_offset() == 0
+            assert positions.untyped_storage()._cdata == pos_storage and positions.storage_offset() == 0
+        else:
+            eager += 1
+            assert ctx.cudagraph_runtime_mode == CUDAGraphMode.NONE and n > max(sizes)
+    assert graphed >= sum(forwards) - 2 and eager >= 1  # the two catch-up forwards (step 1) are eager
+    if algorithm != "slrs":
+        for t, n in zip(traffic, forwards):
+            assert (t.d2h, t.h2d) == (1, 2 * n), t.where
+    assert rt.staging.device_allocations == 1
+
+
+def test_capture_runs_each_bucket_on_the_persistent_buffers(monkeypatch) -> None:
+    """``capture_graphs`` follows vLLM's runner: largest bucket first, an eager warm-up
+    then the ``PIECEWISE`` run per bucket (the run vLLM's ``CUDAGraphWrapper`` captures),
+    on the persistent buffers, inside vLLM's ``graph_capture`` context, with capturing
+    allowed only for the duration."""
+    import contextlib
+
+    from vllm.compilation import monitor
+    from vllm.config import CUDAGraphMode
+    from vllm.distributed import parallel_state
+
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    entered = []
+    monkeypatch.setattr(parallel_state, "graph_capture",
+                        lambda device: entered.append(device) or contextlib.nullcontext())
+    allowed = []
+    monitor.set_cudagraph_capturing_enabled(False)
+    rt = _runtime([1, 2, 4, 8])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        rt.model = _TinyModel()
+        rt.model.forward = (lambda f: lambda **kw: allowed.append(monitor.cudagraph_capturing_enabled) or f(**kw))(
+            rt.model.forward)
+        rt.graphs = DraftGraphs(rt.vllm_config, CUDA)
+        assert rt.capture_graphs() == 4
+    assert entered == [CUDA] and all(allowed) and not monitor.cudagraph_capturing_enabled
+    runs = [(ids.shape[0], ctx.cudagraph_runtime_mode, ctx.batch_descriptor.num_tokens) for ids, _, ctx in rt.model.calls]
+    assert runs == [(n, mode, n) for n in (8, 4, 2, 1) for mode in (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE)]
+    for ids, positions, ctx in rt.model.calls:
+        assert ids.untyped_storage()._cdata == rt.graphs.input_ids.untyped_storage()._cdata
+        assert positions.untyped_storage()._cdata == rt.graphs.positions.untyped_storage()._cdata
+        assert ctx.attn_metadata is None  # attention layers skip, as in vLLM's dummy runs
+    monitor.set_cudagraph_capturing_enabled(True)

@@ -160,3 +160,40 @@ def test_the_pool_sizing_counts_what_the_runtime_allocates(smollm2: str, smollm2
     pool = smollm2_runtime.pool
     assert pool.bytes_per_block == draft_bytes_per_token(AutoConfig.from_pretrained(smollm2), torch.float32) * (
         pool.block_size)
+
+
+def test_padded_forwards_are_exact(smollm2_runtime: DraftModelRuntime) -> None:
+    """What a CUDA graph replay computes, on the real model and vLLM's CPU attention:
+    forwards padded to a bucket (``drafter/cuda_graphs.py``: padding tokens reuse
+    earlier ids and positions, with KV slot -1) give the logits of the same forwards
+    unpadded, and write no KV but their own tokens' (a padding write into a live
+    sequence's slot would change every later step's logits)."""
+    from _graph_config import graph_config
+
+    from vllm_hetero_spec.drafter.cuda_graphs import DraftGraphs
+
+    rt = smollm2_runtime
+    ids = _ids(40, 3)
+
+    def run(graphs: DraftGraphs) -> list[torch.Tensor]:
+        saved, rt.graphs = rt.graphs, graphs
+        a, b = rt.new_cache(), rt.new_cache()
+        try:
+            return [
+                rt.forward([a, b], [ids[:9], ids[20:27]]),  # 16 tokens: bucket 16
+                rt.forward([a, b], [ids[9:10], ids[27:28]]),  # 2 -> 4
+                rt.forward_next([a, b], torch.tensor([ids[10], ids[28]]), 1),  # 2 -> 4
+                rt.forward([a, b], [ids[11:14], ids[29:31]]),  # 5 -> 8
+                rt.forward([a, b], [ids[14:31], ids[31:32]]),  # 18: past the buckets, eager
+                rt.forward_next([a, b], torch.tensor([ids[31], ids[32]]), 1),
+            ]
+        finally:
+            rt.graphs = saved
+            a.release()
+            b.release()
+
+    padded = DraftGraphs(graph_config([4, 8, 16]), rt.device)
+    assert [padded.dispatch(n)[1].num_tokens for n in (16, 2, 5, 18)] == [16, 4, 8, 18]
+    for step, (want, got) in enumerate(zip(run(rt.graphs), run(padded))):
+        err = float((want - got).abs().max())
+        assert err < TOL, f"forward {step}: max |diff| = {err:.2e}"

@@ -50,8 +50,10 @@ def _engine(engines: dict, smollm2: str, qwen05: str, algorithm: str, role: str)
     """A drafting engine with no request state and zeroed counters."""
     key = (algorithm, role)
     if key not in engines:
+        # float32 whatever ``draft_dtype: auto`` picks on this CPU: in bfloat16 a
+        # differently packed batch rounds differently, and a near-tie's argmax can flip.
         settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2, num_speculative_tokens=4,
-                                  max_draft_tokens=4, draft_kv_pool_mb=64)
+                                  max_draft_tokens=4, draft_kv_pool_mb=64, draft_dtype="float32")
         engines[key] = DraftEngine(settings, qwen05, TARGET_VOCAB)
     engine = engines[key]
     engine.reset()

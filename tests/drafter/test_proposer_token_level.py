@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 from vllm import SamplingParams
+from vllm.config import CompilationConfig
 
 from vllm_hetero_spec import proposer as proposer_module
 from vllm_hetero_spec.drafter import engine as engine_module
@@ -91,7 +92,9 @@ def _proposer(
                               **extra)
     config = SimpleNamespace(
         additional_config={"hetero_spec": settings.to_dict()},
-        model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05, seed=0),
+        model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05, seed=0,
+                                     enforce_eager=False),
+        compilation_config=CompilationConfig(), device_config=SimpleNamespace(device=torch.device("cpu")),
     )
     proposer = proposer_module.HeteroProposer(config)
     proposer.load_model(None)

@@ -41,6 +41,9 @@ def _engine_config(target: str, spec):
         ({"executor": "ray", "min_speculative_tokens": 5}, "'min_speculative_tokens'"),
         ({"draft_kv_pool_mb": 0}, "'draft_kv_pool_mb'"),
         ({"draft_kv_pool_mb": "big"}, "'draft_kv_pool_mb'"),
+        ({"draft_cuda_graphs": True}, "'draft_cuda_graphs'"),
+        ({"draft_cuda_graphs": []}, "'draft_cuda_graphs'"),
+        ({"draft_cuda_graphs": [8, 0]}, "'draft_cuda_graphs'"),
     ],
 )
 def test_bad_config_names_key(gemma: str, smollm2: str, override: dict, key: str) -> None:

@@ -88,6 +88,13 @@ def _concrete_dtype(name: str) -> str:
     return resolve_draft_dtype(name, None, platform_device_type(), cpu_flags())[0]
 
 
+def _concrete_graph_sizes(value: bool | str | list[int]) -> tuple[int, ...]:
+    """The capture sizes ``value`` names; ``auto`` unresolved by an engine
+    (``proposer.py`` resolves it against the target's) means none: a standalone drafter
+    has no graph capture phase to join."""
+    return tuple(value) if isinstance(value, list) else ()
+
+
 class DraftEngine:
     """Draft state and drafting for every request of one engine."""
 
@@ -97,7 +104,8 @@ class DraftEngine:
         self.k = settings.num_speculative_tokens
         self.runtime = DraftModelRuntime(
             RuntimeConfig(settings.draft_model, getattr(torch, _concrete_dtype(settings.draft_dtype)),
-                          _concrete_pool_mb(settings.draft_kv_pool_mb))
+                          _concrete_pool_mb(settings.draft_kv_pool_mb),
+                          graph_sizes=_concrete_graph_sizes(settings.draft_cuda_graphs))
         )
         self.bridge = VocabBridge.build(settings.draft_tokenizer, target_tokenizer, self.runtime.vocab_size, target_vocab)
         self.intersection = self.bridge.intersection.to(self.runtime.device)

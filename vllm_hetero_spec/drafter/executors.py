@@ -32,6 +32,10 @@ class DraftExecutor(Protocol):
     def stats(self) -> DrafterStats:
         """Counters so far (with the current state size)."""
 
+    def capture_graphs(self) -> int:
+        """Capture the drafter's CUDA graphs, when the engine captures its own; how many
+        (0 where it drafts eagerly)."""
+
     def close(self) -> None:
         """Release what the executor started (idempotent)."""
 
@@ -54,6 +58,9 @@ class InProcessExecutor:
 
     def stats(self) -> DrafterStats:
         return self.engine.snapshot_stats()
+
+    def capture_graphs(self) -> int:
+        return self.engine.runtime.capture_graphs()
 
     def close(self) -> None:
         """Nothing to release."""

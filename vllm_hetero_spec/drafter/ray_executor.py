@@ -298,6 +298,10 @@ class RayExecutor:
             state_bytes=self._actor_stats.state_bytes,
         )
 
+    def capture_graphs(self) -> int:
+        """None: the actor drafts on CPU cores, where vLLM captures no graphs."""
+        return 0
+
     def close(self) -> None:
         """Kill the actor, and shut Ray down if this process started it."""
         if self._closed:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_hetero_spec.drafter.cuda_graphs import DraftGraphs, graph_compilation_config
 from vllm_hetero_spec.drafter.input_staging import InputStaging
 from vllm_hetero_spec.drafter.kv_layout import allocate_layer_caches
 from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache, PoolExhausted, TokenTree
@@ -42,19 +43,24 @@ class RuntimeConfig:
             undrafted until blocks free up.
         max_model_len: the longest draft sequence (positions) it accepts; ``None``: the
             draft model's own limit.
+        graph_sizes: the token counts whose forwards are captured as CUDA graphs
+            (``drafter/cuda_graphs.py``); empty: eager.
     """
 
     model: str
     dtype: torch.dtype = torch.float32
     kv_pool_mb: int = 512
     max_model_len: int | None = None
+    graph_sizes: tuple[int, ...] = ()
 
 
 def _draft_vllm_config(cfg: RuntimeConfig):
     """A complete ``VllmConfig`` for the drafter alone, with its own compilation config,
     so its attention layers register in a ``static_forward_context`` vLLM's runner
-    never reads. Eager: on CPU vLLM's compile path (``DYNAMO_TRACE_ONCE`` + inductor)
-    measured no faster at batch 1-32, after ~80 s of compiling at start-up."""
+    never reads. Compiled with piecewise CUDA graphs when ``cfg.graph_sizes`` asks
+    (CUDA: ``drafter/cuda_graphs.py``), else eager: on CPU vLLM's compile path
+    (``DYNAMO_TRACE_ONCE`` + inductor) measured no faster at batch 1-32, after ~80 s of
+    compiling at start-up."""
     from vllm.engine.arg_utils import EngineArgs
 
     dtype = str(cfg.dtype).removeprefix("torch.")
@@ -62,7 +68,8 @@ def _draft_vllm_config(cfg: RuntimeConfig):
         model=cfg.model,
         dtype=dtype,
         max_model_len=cfg.max_model_len,
-        enforce_eager=True,
+        enforce_eager=not cfg.graph_sizes,
+        compilation_config=graph_compilation_config(cfg.graph_sizes),
         skip_tokenizer_init=True,
         enable_prefix_caching=False,
     )
@@ -92,6 +99,7 @@ class DraftModelRuntime:
         }
         self.layer_names = sorted(layers)
         self.staging = InputStaging(self.device)
+        self.graphs = DraftGraphs(self.vllm_config, self.device)
         self.vocab_size = self.vllm_config.model_config.get_vocab_size()
         self.max_len = self.vllm_config.model_config.max_model_len
         self._build_pool(layers)
@@ -182,7 +190,10 @@ class DraftModelRuntime:
         """One variable-length forward. Its integer inputs are written into the
         persistent host staging buffers in one numpy pass and reach the device in two
         copies (:class:`InputStaging`); the token ids come from the host (``ids``) or are
-        already on the device (``device_ids``)."""
+        already on the device (``device_ids``). A forward a graph bucket holds is padded
+        to it and reads its ids and positions from the graphs' persistent buffers
+        (:class:`DraftGraphs`)."""
+        from vllm.config import CUDAGraphMode
         from vllm.forward_context import set_forward_context
         from vllm.v1.attention.backend import CommonAttentionMetadata
 
@@ -207,6 +218,10 @@ class DraftModelRuntime:
             host.ids[:] = ids
         dev = self.staging.upload()
         input_ids = dev.ids if device_ids is None else device_ids
+        mode, batch = self.graphs.dispatch(t)
+        positions, slots = dev.positions, dev.slots
+        if mode != CUDAGraphMode.NONE:
+            input_ids, positions, slots = self.graphs.stage(input_ids, positions, slots, batch.num_tokens)
         cam = CommonAttentionMetadata(
             query_start_loc=dev.query_start_loc,
             query_start_loc_cpu=torch.from_numpy(host.query_start_loc),
@@ -224,10 +239,41 @@ class DraftModelRuntime:
             built = group.get_metadata_builder().build_for_drafting(cam, draft_index)
             metadata.update({name: built for name in group.layer_names})
         with set_forward_context(
-            metadata, self.vllm_config, num_tokens=t, slot_mapping={name: dev.slots for name in self.layer_names}
+            metadata, self.vllm_config, num_tokens=batch.num_tokens, cudagraph_runtime_mode=mode,
+            batch_descriptor=batch, slot_mapping={name: slots for name in self.layer_names},
         ), tensor_parallel_group(self.tp_group):
-            hidden = self.model(input_ids=input_ids, positions=dev.positions)
+            hidden = self.model(input_ids=input_ids, positions=positions)
             return self.model.compute_logits(hidden.index_select(0, dev.last)).float()
+
+    @torch.inference_mode()
+    def capture_graphs(self, warmups: int = 1) -> int:
+        """Capture a graph per bucket (:meth:`DraftGraphs.capture_plan`), as vLLM's
+        runner captures its own: inside vLLM's ``graph_capture`` context (a side stream),
+        with capturing allowed for the duration, ``warmups`` eager runs before each
+        capture, and no attention metadata (attention layers skip, as in vLLM's dummy
+        runs). Returns how many graphs were captured (0 when graphs are off)."""
+        from vllm.compilation import monitor
+        from vllm.config import CUDAGraphMode
+        from vllm.distributed.parallel_state import graph_capture
+        from vllm.forward_context import set_forward_context
+
+        plan = self.graphs.capture_plan()
+        if not plan:
+            return 0
+        allowed = monitor.cudagraph_capturing_enabled
+        monitor.set_cudagraph_capturing_enabled(True)
+        try:
+            with tensor_parallel_group(self.tp_group), graph_capture(device=self.device):
+                for mode, batch in plan:
+                    n = batch.num_tokens
+                    for run_mode in [CUDAGraphMode.NONE] * warmups + [mode]:
+                        with set_forward_context(None, self.vllm_config, num_tokens=n, cudagraph_runtime_mode=run_mode,
+                                                 batch_descriptor=batch, slot_mapping={}):
+                            self.model(input_ids=self.graphs.input_ids.narrow(0, 0, n),
+                                       positions=self.graphs.positions.narrow(0, 0, n))
+        finally:
+            monitor.set_cudagraph_capturing_enabled(allowed)
+        return len(plan)
 
     @torch.inference_mode()
     def grow_trees(

@@ -1,0 +1,43 @@
+"""``draft_cuda_graphs``: which engines capture the drafter's graphs, at which sizes.
+
+Graphs are captured in the target's capture phase, so the drafter has them exactly
+where the target does (CUDA, no ``enforce_eager``, a graph mode) and never on CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+from vllm.config import CompilationConfig, CUDAGraphMode
+
+from vllm_hetero_spec.drafter.cuda_graphs import graph_compilation_config, resolve_graph_sizes
+
+
+def _target(mode: CUDAGraphMode, sizes: list[int]) -> CompilationConfig:
+    cc = CompilationConfig()
+    cc.cudagraph_mode, cc.cudagraph_capture_sizes = mode, sizes
+    return cc
+
+
+@pytest.mark.parametrize(
+    "value,mode,eager,device,want",
+    [
+        ("auto", CUDAGraphMode.FULL_AND_PIECEWISE, False, "cuda", (1, 2, 4, 8)),  # vLLM's default on CUDA
+        ("auto", CUDAGraphMode.PIECEWISE, False, "cuda", (1, 2, 4, 8)),
+        ([16, 2, 2], CUDAGraphMode.FULL_AND_PIECEWISE, False, "cuda", (2, 16)),
+        (False, CUDAGraphMode.FULL_AND_PIECEWISE, False, "cuda", ()),
+        ("auto", CUDAGraphMode.FULL_AND_PIECEWISE, True, "cuda", ()),  # --enforce-eager: no capture phase
+        ("auto", CUDAGraphMode.NONE, False, "cuda", ()),
+        ("auto", CUDAGraphMode.NONE, False, "cpu", ()),  # vLLM's CPU platform
+        ([1, 2], CUDAGraphMode.PIECEWISE, False, "cpu", ()),
+    ],
+)
+def test_graphs_follow_the_target(value, mode, eager, device, want) -> None:
+    assert resolve_graph_sizes(value, _target(mode, [8, 1, 4, 2]), eager, device) == want
+
+
+def test_the_drafter_config_asks_vllm_for_piecewise_graphs() -> None:
+    """The drafter's own ``compilation_config``: PIECEWISE (attention eager between the
+    captured pieces: its metadata changes every step) at the resolved sizes; nothing
+    when graphs are off."""
+    assert graph_compilation_config((4, 1, 2)) == {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4]}
+    assert graph_compilation_config(()) == {}
