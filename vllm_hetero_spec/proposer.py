@@ -138,7 +138,8 @@ class HeteroProposer:
                                     model_config.enforce_eager, device_type)
         logger.info("hetero spec: draft CUDA graphs %s", f"at sizes {list(sizes)}" if sizes else "off (eager)")
         self.settings = dataclasses.replace(self.settings, draft_cuda_graphs=list(sizes) or False)
-        self.executor = make_executor(self.settings, model_config.tokenizer, self.target_vocab, int(model_config.seed or 0))
+        self.executor = make_executor(self.settings, model_config.tokenizer, self.target_vocab, int(model_config.seed or 0),
+                                      self._vllm_config.scheduler_config.max_num_batched_tokens)
 
     def capture_graphs(self) -> int:
         """Capture the drafter's CUDA graphs; vLLM's runner calls this in its own capture
@@ -149,6 +150,14 @@ class HeteroProposer:
         if n:
             logger.info("hetero spec: captured %d draft CUDA graphs", n)
         return n
+
+    def profile(self, num_tokens: int, num_rows: int) -> None:
+        """The drafter's transient peak inside vLLM's profile run (``vllm_patches.py``),
+        so the memory vLLM leaves for the target's KV cache accounts for it. Only on an
+        accelerator: on CPU the KV space is given explicitly, and a forward of
+        ``max_num_batched_tokens`` would cost seconds of start-up."""
+        if self.executor is not None and self._vllm_config.device_config.device.type != "cpu":
+            self.executor.profile(num_tokens, num_rows)
 
     def _auto_pool_mb(self) -> int:
         """``draft_kv_pool_mb: auto`` for this engine (``drafter/pool_size.py``), logged."""

@@ -150,10 +150,11 @@ def _patch_model_runner() -> None:
     we hand the sampler the step's verification plan (compact q, greedy requests,
     union's forced rejections, fsd's thresholds: one object, keyed by request id, instead
     of vLLM's dense ``[B, K, V]`` draft-probabilities slot); we tell the proposer when
-    requests finish, abort or are preempted, let it capture the drafter's CUDA graphs in
-    the runner's capture phase (``capture_model``: vLLM calls a ``custom_class``
-    proposer's ``dummy_run`` never), and let it release its executor (a Ray actor and
-    cluster) when the runner shuts down."""
+    requests finish, abort or are preempted, let it run the drafter's largest transient
+    in the runner's memory profile (``profile_run``) and capture its CUDA graphs in the
+    runner's capture phase (``capture_model``: vLLM calls a ``custom_class`` proposer's
+    ``dummy_run`` in neither), and let it release its executor (a Ray actor and cluster)
+    when the runner shuts down."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_hetero_spec.proposer import HeteroProposer
@@ -224,6 +225,15 @@ def _patch_model_runner() -> None:
             drafter.capture_graphs()
         return capture(self)
 
+    profile = GPUModelRunner.profile_run
+
+    @functools.wraps(profile)
+    def profile_run(self: GPUModelRunner, *args: Any, **kwargs: Any) -> None:
+        profile(self, *args, **kwargs)
+        drafter = _hetero_drafter(self)
+        if drafter is not None:
+            drafter.profile(self.max_num_tokens, self.max_num_reqs)
+
     shutdown = GPUModelRunner.shutdown
 
     @functools.wraps(shutdown)
@@ -240,6 +250,7 @@ def _patch_model_runner() -> None:
     patch(GPUModelRunner, "_on_request_state_removed", _on_request_state_removed, why)
     patch(GPUModelRunner, "_update_states", _update_states, why)
     patch(GPUModelRunner, "capture_model", capture_model, why)
+    patch(GPUModelRunner, "profile_run", profile_run, why)
 
 
 def spec_config_arg(value: str) -> dict[str, Any] | None:

@@ -118,8 +118,10 @@ def _host_values(bridge: VocabBridge):
     return values
 
 
-def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra,
-               graph_sizes: list[int] | None = None) -> tuple[list[Traffic], list[int], object]:
+def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra, graph_sizes: list[int] | None = None,
+               after=None) -> tuple[list[Traffic], list[int], object]:
+    """Two engine steps on the fake device, each one's traffic and forwards; then
+    ``after(engine)``, whose traffic is appended too."""
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     _Event.log = []
     monkeypatch.setattr(engine_module, "new_generator", lambda device, seed: torch.Generator().manual_seed(seed))
@@ -144,6 +146,9 @@ def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra,
             assert all(out.ready) and all(out.ids), out.ids
             traffic.append(probe.reset())
             forwards.append(engine.stats.draft_forwards - before)
+        if after is not None:
+            after(engine)
+            traffic.append(probe.reset())
     return traffic, forwards, engine
 
 
@@ -258,3 +263,18 @@ def test_capture_runs_each_bucket_on_the_persistent_buffers(monkeypatch) -> None
         assert positions.untyped_storage()._cdata == rt.graphs.positions.untyped_storage()._cdata
         assert ctx.attn_metadata is None  # attention layers skip, as in vLLM's dummy runs
     monitor.set_cudagraph_capturing_enabled(True)
+
+
+def test_the_profile_run_is_the_largest_forward_and_sampling(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """What vLLM's memory profile sees of the drafter (``DraftEngine.profile``): one
+    forward of ``max_forward_tokens`` (the cap of every forward), logits for the batch's
+    rows and the costliest sampling path, on the device with no read-back and no KV
+    write (no attention metadata)."""
+    def profile(engine) -> None:
+        engine.runtime.model.calls.clear()
+        engine.profile(100_000, 64)
+
+    traffic, _, engine = _run_steps(monkeypatch, bridge, smollm2, qwen05, "tli", {}, after=profile)
+    (input_ids, _, ctx), = engine.runtime.model.calls
+    assert input_ids.shape[0] == engine.runtime.cfg.max_forward_tokens and ctx.attn_metadata is None
+    assert traffic[-1].d2h == 0, traffic[-1].where

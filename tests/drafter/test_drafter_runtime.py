@@ -197,3 +197,46 @@ def test_padded_forwards_are_exact(smollm2_runtime: DraftModelRuntime) -> None:
     for step, (want, got) in enumerate(zip(run(rt.graphs), run(padded))):
         err = float((want - got).abs().max())
         assert err < TOL, f"forward {step}: max |diff| = {err:.2e}"
+
+
+def test_a_long_catch_up_runs_in_bounded_forwards(smollm2_runtime: DraftModelRuntime, monkeypatch) -> None:
+    """A catch-up larger than ``max_forward_tokens`` (new requests' prompts) runs in
+    forwards of at most that many tokens -- the bound vLLM's profile run measures --
+    and gives the logits of one unbounded forward."""
+    import dataclasses
+
+    rt = smollm2_runtime
+    ids = _ids(40, 5)
+    want_a, want_b = rt.new_cache(), rt.new_cache()
+    want = rt.forward([want_a, want_b], [ids[:23], ids[23:40]])
+    sizes: list[int] = []
+    run = rt._run
+    monkeypatch.setattr(rt, "_run", lambda caches, lengths, *a: sizes.append(sum(lengths)) or run(caches, lengths, *a))
+    monkeypatch.setattr(rt, "cfg", dataclasses.replace(rt.cfg, max_forward_tokens=8))
+    a, b = rt.new_cache(), rt.new_cache()
+    got = rt.forward([a, b], [ids[:23], ids[23:40]])
+    assert max(sizes) <= 8 and sum(sizes) == 40 and len(sizes) == 5
+    assert float((got - want).abs().max()) < TOL
+    assert (a.length, b.length) == (23, 17)
+    # The next forward continues from the chunked state exactly.
+    assert float((rt.forward([a], [[7]]) - rt.forward([want_a], [[7]])).abs().max()) < TOL
+    for cache in (a, b, want_a, want_b):
+        cache.release()
+
+
+def test_the_profile_forward_writes_nothing(smollm2_runtime: DraftModelRuntime, monkeypatch) -> None:
+    """vLLM's profile run gets the drafter's largest forward (capped like every forward)
+    and its logits rows, without touching the KV pool."""
+    import dataclasses
+
+    rt = smollm2_runtime
+    monkeypatch.setattr(rt, "cfg", dataclasses.replace(rt.cfg, max_forward_tokens=32))
+    used = rt.pool.used_bytes
+    cache = rt.new_cache()
+    before = rt.forward([cache], [_ids(9, 6)])
+    logits = rt.dummy_logits(100, 8)
+    assert logits.shape == (8, rt.vocab_size) and logits.dtype == torch.float32
+    assert rt.pool.used_bytes == used + cache.nbytes
+    cache.truncate(8)
+    assert float((rt.forward([cache], [_ids(9, 6)[8:]]) - before).abs().max()) < TOL
+    cache.release()

@@ -95,6 +95,7 @@ def _proposer(
         model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05, seed=0,
                                      enforce_eager=False),
         compilation_config=CompilationConfig(), device_config=SimpleNamespace(device=torch.device("cpu")),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192),
     )
     proposer = proposer_module.HeteroProposer(config)
     proposer.load_model(None)

@@ -34,7 +34,7 @@ from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted
 from vllm_hetero_spec.drafter.pool_size import STANDALONE_MB
 from vllm_hetero_spec.drafter.proposals import make_proposals
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
-from vllm_hetero_spec.drafter.sampling import SamplingRows
+from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.retokenize import AlignedTokens, sync_batch
 
@@ -98,14 +98,16 @@ def _concrete_graph_sizes(value: bool | str | list[int]) -> tuple[int, ...]:
 class DraftEngine:
     """Draft state and drafting for every request of one engine."""
 
-    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0):
+    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0,
+                 max_forward_tokens: int = RuntimeConfig.max_forward_tokens):
         self.settings = settings
         self.seed = seed
         self.k = settings.num_speculative_tokens
         self.runtime = DraftModelRuntime(
             RuntimeConfig(settings.draft_model, getattr(torch, _concrete_dtype(settings.draft_dtype)),
                           _concrete_pool_mb(settings.draft_kv_pool_mb),
-                          graph_sizes=_concrete_graph_sizes(settings.draft_cuda_graphs))
+                          graph_sizes=_concrete_graph_sizes(settings.draft_cuda_graphs),
+                          max_forward_tokens=max_forward_tokens)
         )
         self.bridge = VocabBridge.build(settings.draft_tokenizer, target_tokenizer, self.runtime.vocab_size, target_vocab)
         self.intersection = self.bridge.intersection.to(self.runtime.device)
@@ -160,6 +162,16 @@ class DraftEngine:
         self.stats.state_bytes = sum(s.cache.nbytes + s.draft.nbytes + len(s.text) for s in self.states.values())
         self.stats.pool_bytes = self.runtime.pool.used_bytes
         return dataclasses.replace(self.stats)
+
+    def profile(self, num_tokens: int, num_rows: int) -> None:
+        """The drafter's transient peak, for vLLM's memory profile: its largest forward
+        and ``num_rows`` rows sampled through the costliest path (temperature, top-k and
+        top-p over the whole draft vocabulary). Draws from a stream of its own."""
+        logits = self.runtime.dummy_logits(num_tokens, num_rows)
+        n = logits.shape[0]
+        gen = new_generator(self.runtime.device, 0)
+        rows = SamplingRows.build([1.0] * n, [50] * n, [0.9] * n, [None] * n, self.runtime.device, gen)
+        sample(processed_probs(logits, rows), rows)
 
     # -- per-step work ----------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Protocol
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.engine import DraftEngine
 from vllm_hetero_spec.drafter.messages import DrafterStats, StepBatch, StepDrafts
+from vllm_hetero_spec.drafter.runtime import RuntimeConfig
 
 
 class DraftExecutor(Protocol):
@@ -36,6 +37,10 @@ class DraftExecutor(Protocol):
         """Capture the drafter's CUDA graphs, when the engine captures its own; how many
         (0 where it drafts eagerly)."""
 
+    def profile(self, num_tokens: int, num_rows: int) -> None:
+        """Run the drafter's largest transient (``DraftEngine.profile``) where vLLM's
+        memory profile sees it; nothing where drafting runs elsewhere."""
+
     def close(self) -> None:
         """Release what the executor started (idempotent)."""
 
@@ -43,8 +48,9 @@ class DraftExecutor(Protocol):
 class InProcessExecutor:
     """Drafting inline, in the caller's process and thread."""
 
-    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0):
-        self.engine = DraftEngine(settings, target_tokenizer, target_vocab, seed)
+    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0,
+                 max_forward_tokens: int = RuntimeConfig.max_forward_tokens):
+        self.engine = DraftEngine(settings, target_tokenizer, target_vocab, seed, max_forward_tokens)
 
     def step(self, batch: StepBatch, live: set[str]) -> StepDrafts:
         self.engine.keep_only(live)
@@ -62,14 +68,20 @@ class InProcessExecutor:
     def capture_graphs(self) -> int:
         return self.engine.runtime.capture_graphs()
 
+    def profile(self, num_tokens: int, num_rows: int) -> None:
+        self.engine.profile(num_tokens, num_rows)
+
     def close(self) -> None:
         """Nothing to release."""
 
 
-def make_executor(settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0) -> DraftExecutor:
-    """The executor the config asks for; ``seed`` seeds the draft random streams."""
+def make_executor(settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0,
+                  max_forward_tokens: int = RuntimeConfig.max_forward_tokens) -> DraftExecutor:
+    """The executor the config asks for; ``seed`` seeds the draft random streams;
+    ``max_forward_tokens`` bounds an in-process drafter's forwards (the Ray actor's,
+    in host memory of its own, keep the default)."""
     if settings.executor == "ray":
         from vllm_hetero_spec.drafter.ray_executor import RayExecutor
 
         return RayExecutor(settings, target_tokenizer, target_vocab, seed)
-    return InProcessExecutor(settings, target_tokenizer, target_vocab, seed)
+    return InProcessExecutor(settings, target_tokenizer, target_vocab, seed, max_forward_tokens)

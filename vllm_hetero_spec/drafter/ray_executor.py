@@ -302,6 +302,9 @@ class RayExecutor:
         """None: the actor drafts on CPU cores, where vLLM captures no graphs."""
         return 0
 
+    def profile(self, num_tokens: int, num_rows: int) -> None:
+        """Nothing: the actor's memory is not the engine's device's."""
+
     def close(self) -> None:
         """Kill the actor, and shut Ray down if this process started it."""
         if self._closed:

@@ -45,6 +45,10 @@ class RuntimeConfig:
             draft model's own limit.
         graph_sizes: the token counts whose forwards are captured as CUDA graphs
             (``drafter/cuda_graphs.py``); empty: eager.
+        max_forward_tokens: the most tokens one forward takes; a larger catch-up (new
+            requests' prompts) runs in several, so the drafter's transient memory is
+            bounded by what vLLM's profile run measures (the engine passes the target's
+            ``max_num_batched_tokens``).
     """
 
     model: str
@@ -52,6 +56,7 @@ class RuntimeConfig:
     kv_pool_mb: int = 512
     max_model_len: int | None = None
     graph_sizes: tuple[int, ...] = ()
+    max_forward_tokens: int = 8192
 
 
 def _draft_vllm_config(cfg: RuntimeConfig):
@@ -162,7 +167,27 @@ class DraftModelRuntime:
         lengths = [len(t) for t in new_tokens]
         if not all(lengths):
             raise ValueError("every request needs at least one new token (its logits come from the last one)")
+        if sum(lengths) > self.cfg.max_forward_tokens:
+            new_tokens = self._feed_prefixes(caches, new_tokens)
+            lengths = [len(t) for t in new_tokens]
         return self._forward(caches, lengths, [t for toks in new_tokens for t in toks], None, 0)
+
+    def _feed_prefixes(self, caches: list[PagedCache], new_tokens: list[list[int]]) -> list[list[int]]:
+        """Feed leading tokens in forwards of at most ``max_forward_tokens`` (no logits)
+        until the rest fits one forward, and return the rest: every request keeps at
+        least its last token, whose logits the caller wants."""
+        cap = self.cfg.max_forward_tokens
+        rest = [list(t) for t in new_tokens]
+        while sum(map(len, rest)) > cap and any(len(r) > 1 for r in rest):
+            take, room = [], cap
+            for r in rest:
+                take.append(min(len(r) - 1, room))
+                room -= take[-1]
+            rows = [i for i, n in enumerate(take) if n]
+            self._forward([caches[i] for i in rows], [take[i] for i in rows],
+                          [tok for i in rows for tok in rest[i][: take[i]]], None, 0, logits=False)
+            rest = [r[n:] for r, n in zip(rest, take)]
+        return rest
 
     @torch.inference_mode()
     def forward_next(self, caches: list[PagedCache], ids: torch.Tensor, draft_index: int) -> torch.Tensor:
@@ -174,19 +199,19 @@ class DraftModelRuntime:
 
     def _forward(
         self, caches: list[PagedCache], lengths: list[int], ids: list[int] | None, device_ids: torch.Tensor | None,
-        draft_index: int,
-    ) -> torch.Tensor:
+        draft_index: int, logits: bool = True,
+    ) -> torch.Tensor | None:
         for cache, n in zip(caches, lengths):
             cache.reserve(cache.length + n)
-        logits = self._run(caches, lengths, ids, device_ids, draft_index)
+        out = self._run(caches, lengths, ids, device_ids, draft_index, logits)
         for cache, n in zip(caches, lengths):
             cache.advance(n)
-        return logits
+        return out
 
     def _run(
         self, caches: list[PagedCache], lengths: list[int], ids: list[int] | None, device_ids: torch.Tensor | None,
-        draft_index: int,
-    ) -> torch.Tensor:
+        draft_index: int, logits: bool = True,
+    ) -> torch.Tensor | None:
         """One variable-length forward. Its integer inputs are written into the
         persistent host staging buffers in one numpy pass and reach the device in two
         copies (:class:`InputStaging`); the token ids come from the host (``ids``) or are
@@ -243,7 +268,22 @@ class DraftModelRuntime:
             batch_descriptor=batch, slot_mapping={name: slots for name in self.layer_names},
         ), tensor_parallel_group(self.tp_group):
             hidden = self.model(input_ids=input_ids, positions=positions)
-            return self.model.compute_logits(hidden.index_select(0, dev.last)).float()
+            return self.model.compute_logits(hidden.index_select(0, dev.last)).float() if logits else None
+
+    @torch.inference_mode()
+    def dummy_logits(self, num_tokens: int, num_rows: int) -> torch.Tensor:
+        """The drafter's largest forward, for vLLM's memory profile: ``num_tokens``
+        tokens (capped as every forward is) and the float32 logits ``[num_rows, vocab]``.
+        No attention metadata, so attention layers skip and no KV is written, as in
+        vLLM's own dummy runs."""
+        from vllm.forward_context import set_forward_context
+
+        n = min(num_tokens, self.cfg.max_forward_tokens)
+        ids = torch.zeros(n, dtype=torch.int64, device=self.device)
+        with set_forward_context(None, self.vllm_config, num_tokens=n, slot_mapping={}), \
+                tensor_parallel_group(self.tp_group):
+            hidden = self.model(input_ids=ids, positions=ids)
+            return self.model.compute_logits(hidden.narrow(0, 0, min(num_rows, n))).float()
 
     @torch.inference_mode()
     def capture_graphs(self, warmups: int = 1) -> int:
