@@ -143,20 +143,24 @@ class StringLevelProposer:
         self, runtime: DraftModelRuntime, caches: list[PagedCache], trees: list[TokenTree],
         builders: list[TreeBuilder], rows: SamplingRows,
     ) -> None:
-        """Grow every request's psi tree level by level, one forward per level."""
+        """Grow every request's psi tree level by level, one forward and one read-back
+        per level for the whole batch."""
         n = len(caches)
         while True:
             fronts = [b.frontier() for b in builders]
             grow = [i for i in range(n) if fronts[i]]
             if not grow:
                 break
-            logits = runtime.grow_trees(
+            levels = runtime.grow_trees(
                 [caches[i] for i in grow], [trees[i] for i in grow],
                 [[node for node, _ in fronts[i]] for i in grow], [[v for _, v in fronts[i]] for i in grow],
             )
-            for i, level in zip(grow, logits):
-                # The planner reads these rows entry by entry: it works on the host.
-                builders[i].add(processed_probs(level, rows.select([i] * level.shape[0])).cpu())
+            sizes = [level.shape[0] for level in levels]
+            owners = [i for i, size in zip(grow, sizes) for _ in range(size)]
+            # The planner reads these rows entry by entry: it works on the host.
+            probs = processed_probs(torch.cat(levels), rows.select(owners)).cpu()
+            for i, level in zip(grow, probs.split(sizes)):
+                builders[i].add(level)
 
     def _draw_first(self, builders: list[TreeBuilder], eos_mass: torch.Tensor, rows: SamplingRows) -> FirstTokens:
         """psi on C per request, renormalized, and the first target token drawn from it
@@ -166,12 +170,19 @@ class StringLevelProposer:
             [None] * n, [[] for _ in range(n)], [None] * n,
             sum(b.num_nodes for b in builders), sum(b.capped for b in builders),
         )
+        tables = []
         for i, builder in enumerate(builders):
             ids, psi = builder.psi(self.order)
             if self.target_eos is not None:
                 ids.append(self.target_eos)
                 psi = torch.cat([psi, eos_mass.narrow(0, i, 1).to(psi.device)])
-            total = psi.sum().item()
+            tables.append((ids, psi))
+        if not tables:
+            return out
+        # Every request's total in one read-back, then every draw's in one more.
+        totals = torch.stack([psi.sum() for _, psi in tables]).tolist()
+        drawn, picks = [], []
+        for i, ((ids, psi), total) in enumerate(zip(tables, totals)):
             if total < MIN_COVERAGE:
                 continue
             ids_t = torch.tensor(ids, dtype=torch.long, device=psi.device)
@@ -179,16 +190,19 @@ class StringLevelProposer:
             law = torch.zeros(len(support), dtype=torch.float64, device=psi.device).index_add_(0, col, psi / total).float()
             gen = rows.generator(i)
             # Sampled from and verified against the very same tensor.
-            pick = support.select(0, _draw(law if gen is None else law.to(gen.device), gen)).item()
-            out.target_ids[i] = pick
+            picks.append(support.select(0, _draw(law if gen is None else law.to(gen.device), gen).to(support.device)))
+            drawn.append(i)
             out.q_rows[i] = DraftProbs(law.unsqueeze(0), support.unsqueeze(0))
             out.coverage.append(total)
+        for i, pick in zip(drawn, torch.stack(picks).tolist() if picks else []):
+            out.target_ids[i] = pick
             text = self.target_bytes[pick]
             out.draft_ids[i] = (self.draft.segment(text) or []) if text else []
         return out
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One sample of ``probs`` (exponential race, the request's generator if seeded)."""
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """The index of one sample of ``probs`` (exponential race, the request's generator
+    if seeded), left on the device."""
     noise = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / noise).argmax().item()
+    return (probs / noise).argmax()
