@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--name", default="draft_loop_speed", help="results/<name>.{json,md}")
     ap.add_argument("--child", action="store_true")
     args = ap.parse_args()
     if args.child:
@@ -108,7 +109,7 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     meta = {"args": {k: v for k, v in vars(args).items() if k != "child"}, "date": time.strftime("%Y-%m-%d"),
             "machine": f"{platform.machine()} {platform.processor()}", "commit_baseline": args.baseline}
-    (OUT / "draft_loop_speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [
         f"`DraftEngine.step` (k = 4, T = {args.temperature}), SmolLM2-135M drafting for the Qwen2.5 tokenizer, "
         f"200-token Spec-Bench prompts; median over {args.repeats} alternating runs per side of the per-step "
@@ -121,7 +122,7 @@ def main() -> None:
         sb, sc = r["spread_ms"]["baseline"], r["spread_ms"]["current"]
         lines.append(f"| {r['case']} | {r['baseline_ms']:.1f} | {r['current_ms']:.1f} | {r['speedup']:.2f}x | "
                      f"{sb[0]:.1f}-{sb[1]:.1f}; {sc[0]:.1f}-{sc[1]:.1f} |")
-    (OUT / "draft_loop_speed.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
