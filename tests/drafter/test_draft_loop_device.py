@@ -233,10 +233,11 @@ def test_graphed_forwards_read_persistent_buffers(monkeypatch, bridge, smollm2, 
 
 
 def test_capture_runs_each_bucket_on_the_persistent_buffers(monkeypatch) -> None:
-    """``capture_graphs`` follows vLLM's runner: largest bucket first, an eager warm-up
-    then the ``PIECEWISE`` run per bucket (the run vLLM's ``CUDAGraphWrapper`` captures),
-    on the persistent buffers, inside vLLM's ``graph_capture`` context, with capturing
-    allowed only for the duration."""
+    """``capture_graphs`` follows vLLM's runner: an eager run at the largest bucket
+    outside the capture context (it compiles), then inside vLLM's ``graph_capture``
+    context, largest bucket first, an eager warm-up then the ``PIECEWISE`` run per bucket
+    (the run vLLM's ``CUDAGraphWrapper`` captures), all on the persistent buffers, with
+    capturing allowed only for the duration."""
     import contextlib
 
     from vllm.compilation import monitor
@@ -252,13 +253,15 @@ def test_capture_runs_each_bucket_on_the_persistent_buffers(monkeypatch) -> None
     rt = _runtime([1, 2, 4, 8])
     with FakeTensorMode(allow_non_fake_inputs=True):
         rt.model = _TinyModel()
-        rt.model.forward = (lambda f: lambda **kw: allowed.append(monitor.cudagraph_capturing_enabled) or f(**kw))(
-            rt.model.forward)
+        rt.model.forward = (lambda f: lambda **kw: allowed.append((monitor.cudagraph_capturing_enabled, len(entered)))
+                            or f(**kw))(rt.model.forward)
         rt.graphs = DraftGraphs(rt.vllm_config, CUDA)
         assert rt.capture_graphs() == 4
-    assert entered == [CUDA] and all(allowed) and not monitor.cudagraph_capturing_enabled
+    assert entered == [CUDA] and not monitor.cudagraph_capturing_enabled
+    assert allowed == [(True, 0)] + [(True, 1)] * 8  # the compiling run outside the capture context
     runs = [(ids.shape[0], ctx.cudagraph_runtime_mode, ctx.batch_descriptor.num_tokens) for ids, _, ctx in rt.model.calls]
-    assert runs == [(n, mode, n) for n in (8, 4, 2, 1) for mode in (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE)]
+    assert runs == [(8, CUDAGraphMode.NONE, 8)] + [
+        (n, mode, n) for n in (8, 4, 2, 1) for mode in (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE)]
     for ids, positions, ctx in rt.model.calls:
         assert ids.untyped_storage()._cdata == rt.graphs.input_ids.untyped_storage()._cdata
         assert positions.untyped_storage()._cdata == rt.graphs.positions.untyped_storage()._cdata

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -291,11 +292,12 @@ class DraftModelRuntime:
         runner captures its own: inside vLLM's ``graph_capture`` context (a side stream),
         with capturing allowed for the duration, ``warmups`` eager runs before each
         capture, and no attention metadata (attention layers skip, as in vLLM's dummy
-        runs). Returns how many graphs were captured (0 when graphs are off)."""
+        runs). One eager run at the largest bucket comes first, outside the capture
+        context: it compiles the model if the profile run has not. Returns how many
+        graphs were captured (0 when graphs are off)."""
         from vllm.compilation import monitor
         from vllm.config import CUDAGraphMode
         from vllm.distributed.parallel_state import graph_capture
-        from vllm.forward_context import set_forward_context
 
         plan = self.graphs.capture_plan()
         if not plan:
@@ -303,17 +305,25 @@ class DraftModelRuntime:
         allowed = monitor.cudagraph_capturing_enabled
         monitor.set_cudagraph_capturing_enabled(True)
         try:
-            with tensor_parallel_group(self.tp_group), graph_capture(device=self.device):
-                for mode, batch in plan:
-                    n = batch.num_tokens
-                    for run_mode in [CUDAGraphMode.NONE] * warmups + [mode]:
-                        with set_forward_context(None, self.vllm_config, num_tokens=n, cudagraph_runtime_mode=run_mode,
-                                                 batch_descriptor=batch, slot_mapping={}):
-                            self.model(input_ids=self.graphs.input_ids.narrow(0, 0, n),
-                                       positions=self.graphs.positions.narrow(0, 0, n))
+            with tensor_parallel_group(self.tp_group):
+                self._dummy(plan[0][1], CUDAGraphMode.NONE)
+                with graph_capture(device=self.device):
+                    for mode, batch in plan:
+                        for run_mode in [CUDAGraphMode.NONE] * warmups + [mode]:
+                            self._dummy(batch, run_mode)
         finally:
             monitor.set_cudagraph_capturing_enabled(allowed)
         return len(plan)
+
+    def _dummy(self, batch: Any, mode: Any) -> None:
+        """One forward of ``batch.num_tokens`` tokens on the graph buffers, in ``mode``,
+        without attention metadata."""
+        from vllm.forward_context import set_forward_context
+
+        n = batch.num_tokens
+        with set_forward_context(None, self.vllm_config, num_tokens=n, cudagraph_runtime_mode=mode,
+                                 batch_descriptor=batch, slot_mapping={}):
+            self.model(input_ids=self.graphs.input_ids.narrow(0, 0, n), positions=self.graphs.positions.narrow(0, 0, n))
 
     @torch.inference_mode()
     def grow_trees(
