@@ -8,9 +8,18 @@ import os
 import random
 import zlib
 
-import numpy as np
-import pytest
-import torch
+# One thread per pytest-xdist worker, set before torch starts OpenMP: the fast lane runs a
+# worker per core, and two workers each spinning two OpenMP threads on two cores ran the
+# drafter tests 10x slower than one worker alone.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
