@@ -201,8 +201,9 @@ def test_padded_forwards_are_exact(smollm2_runtime: DraftModelRuntime) -> None:
 
 def test_a_long_catch_up_runs_in_bounded_forwards(smollm2_runtime: DraftModelRuntime, monkeypatch) -> None:
     """A catch-up larger than ``max_forward_tokens`` (new requests' prompts) runs in
-    forwards of at most that many tokens -- the bound vLLM's profile run measures --
-    and gives the logits of one unbounded forward."""
+    forwards of at most that many tokens -- the bound vLLM's profile run measures, and
+    the most a compiled drafter accepts -- and gives the logits of one unbounded forward;
+    so do more sequences than a forward takes."""
     import dataclasses
 
     rt = smollm2_runtime
@@ -221,6 +222,14 @@ def test_a_long_catch_up_runs_in_bounded_forwards(smollm2_runtime: DraftModelRun
     # The next forward continues from the chunked state exactly.
     assert float((rt.forward([a], [[7]]) - rt.forward([want_a], [[7]])).abs().max()) < TOL
     for cache in (a, b, want_a, want_b):
+        cache.release()
+    # More sequences than a forward takes (slrs's tree nodes, one token each): in groups.
+    many = [rt.new_cache() for _ in range(11)]
+    sizes.clear()
+    got = rt.forward(many, [[t] for t in ids[:11]])
+    assert sizes == [8, 3]
+    for i, cache in enumerate(many):
+        assert float((got[i] - _sequential(rt, [ids[i]])).abs().max()) < TOL
         cache.release()
 
 

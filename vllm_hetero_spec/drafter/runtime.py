@@ -66,10 +66,16 @@ def _draft_vllm_config(cfg: RuntimeConfig):
     never reads. Compiled with piecewise CUDA graphs when ``cfg.graph_sizes`` asks
     (CUDA: ``drafter/cuda_graphs.py``), else eager: on CPU vLLM's compile path
     (``DYNAMO_TRACE_ONCE`` + inductor) measured no faster at batch 1-32, after ~80 s of
-    compiling at start-up."""
+    compiling at start-up. A compiled drafter's token budget is ``max_forward_tokens``:
+    vLLM compiles for token counts up to its ``max_num_batched_tokens`` and refuses a
+    larger forward."""
     from vllm.engine.arg_utils import EngineArgs
 
     dtype = str(cfg.dtype).removeprefix("torch.")
+    budget = {}
+    if cfg.graph_sizes:
+        budget = {"max_num_batched_tokens": cfg.max_forward_tokens,
+                  "max_num_seqs": min(cfg.max_forward_tokens, max(cfg.graph_sizes))}
     args = EngineArgs(
         model=cfg.model,
         dtype=dtype,
@@ -78,6 +84,7 @@ def _draft_vllm_config(cfg: RuntimeConfig):
         compilation_config=graph_compilation_config(cfg.graph_sizes),
         skip_tokenizer_init=True,
         enable_prefix_caching=False,
+        **budget,
     )
     return args.create_engine_config()
 
@@ -168,7 +175,11 @@ class DraftModelRuntime:
         lengths = [len(t) for t in new_tokens]
         if not all(lengths):
             raise ValueError("every request needs at least one new token (its logits come from the last one)")
-        if sum(lengths) > self.cfg.max_forward_tokens:
+        cap = self.cfg.max_forward_tokens
+        if len(caches) > cap:  # e.g. slrs's tree nodes: one token each, more than a forward takes
+            return torch.cat([self.forward(caches[i : i + cap], new_tokens[i : i + cap])
+                              for i in range(0, len(caches), cap)])
+        if sum(lengths) > cap:
             new_tokens = self._feed_prefixes(caches, new_tokens)
             lengths = [len(t) for t in new_tokens]
         return self._forward(caches, lengths, [t for toks in new_tokens for t in toks], None, 0)
