@@ -208,7 +208,7 @@ MUTATIONS = [
     Mutation(
         "graph-pad-slots", "a graph-padded forward leaves its padding tokens the previous step's KV slots",
         "vllm_hetero_spec/drafter/cuda_graphs.py",
-        "            self.slots.narrow(0, t, padded - t).fill_(PADDING_SLOT_ID)",
+        "            self.slots.narrow(0, t, padded - t).fill_(self.padding_slot)",
         "            pass",
         ("tests/drafter/test_drafter_runtime.py", "-k", "padded"),
     ),

@@ -65,6 +65,7 @@ class DraftGraphs:
         n = self.sizes[-1] if self.sizes else 0
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.padding_slot = PADDING_SLOT_ID
         self.slots = torch.full((n,), PADDING_SLOT_ID, dtype=torch.int64, device=device)
 
     def dispatch(self, num_tokens: int) -> tuple[Any, Any]:
@@ -82,14 +83,12 @@ class DraftGraphs:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Copy one forward's ``[t]`` ids, positions and slots into the persistent
         buffers and return their ``[padded]`` views (slots past ``t`` set to -1)."""
-        from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
-
         t = ids.shape[0]
         self.input_ids.narrow(0, 0, t).copy_(ids)
         self.positions.narrow(0, 0, t).copy_(positions)
         self.slots.narrow(0, 0, t).copy_(slots)
         if padded > t:
-            self.slots.narrow(0, t, padded - t).fill_(PADDING_SLOT_ID)
+            self.slots.narrow(0, t, padded - t).fill_(self.padding_slot)
         return self.input_ids.narrow(0, 0, padded), self.positions.narrow(0, 0, padded), self.slots.narrow(0, 0, padded)
 
     def capture_plan(self) -> list[tuple[Any, Any]]:
