@@ -187,8 +187,8 @@ MUTATIONS = [
     Mutation(
         "blind-budget", "the adaptive budget takes every draft as accepted",
         "vllm_hetero_spec/drafter/budget.py",
-        "gains = np.stack([np.cumprod(self.acceptance(r)) for r in req_ids])",
-        "gains = np.stack([np.ones(self.max_tokens) for r in req_ids])",
+        "gains = np.stack([np.cumprod(self.acceptance(r, rule)) for r, rule in zip(req_ids, rules)])",
+        "gains = np.stack([np.ones(self.max_tokens) for r, rule in zip(req_ids, rules)])",
         ("tests/drafter/test_budget.py",),
     ),
     Mutation(

@@ -37,7 +37,11 @@ from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES
 METHOD = "hetero"
 ADDITIONAL_CONFIG_KEY = "hetero_spec"
 PROPOSER_CLASS = "vllm_hetero_spec.proposer.HeteroProposer"
-ALGORITHMS = ("slem", "tli", "dtw", "union", "fsd", "slrs")
+RULES = ("slem", "tli", "dtw", "union", "fsd", "slrs")
+#: The rules ``algorithm: auto`` may choose: every rule that is exact at every temperature
+#: (``dtw`` in its ``lossless`` mode).
+LOSSLESS_RULES = ("slem", "tli", "dtw", "union", "slrs")
+ALGORITHMS = ("auto", *RULES)
 MODEL_NAMES = tuple(MODELS)  # short names of the models the harness builds from PyPI wheels
 
 
@@ -71,6 +75,11 @@ def integer(minimum: int) -> Check:
 
 def choice(*options: str) -> Check:
     return Check(lambda v: v in options, f"one of {list(options)}")
+
+
+def rule_list(options: tuple[str, ...]) -> Check:
+    return Check(lambda v: isinstance(v, (list, tuple)) and bool(v) and len(set(v)) == len(v)
+                 and all(x in options for x in v), f"a non-empty list of distinct rules from {list(options)}")
 
 
 FRACTION = Check(lambda v: _number(v) and 0.0 <= v < 1.0, "a number in [0, 1)")
@@ -128,7 +137,16 @@ class HeteroSettings:
         None, "k: the most target tokens proposed per request per step (also vLLM's key)", integer(1),
         "set it to the number of draft tokens per step, e.g. 4", required=True)
     algorithm: str = setting(
-        "slem", "the verification family ([algorithms.md](algorithms.md))", choice(*ALGORITHMS), "")
+        "auto", "the verification rule ([algorithms.md](algorithms.md)); `auto`: chosen per request each step "
+        "among the lossless rules `auto_greedy` (greedy requests) or `auto_sampled` (sampled ones) lists, by "
+        "the tokens per second each has shown on this engine ([algorithms.md](algorithms.md#auto))",
+        choice(*ALGORITHMS), "")
+    auto_greedy: tuple[str, ...] = setting(
+        ("slem", "tli"), "`auto`'s candidates for greedy requests (T = 0), the first tried first",
+        rule_list(LOSSLESS_RULES), "e.g. [\"slem\", \"tli\"]", algorithms=("auto",))
+    auto_sampled: tuple[str, ...] = setting(
+        ("tli", "slrs"), "`auto`'s candidates for sampled requests (T > 0), the first tried first",
+        rule_list(LOSSLESS_RULES), "e.g. [\"tli\", \"slrs\"]", algorithms=("auto",))
     draft_budget: str = setting(
         "adaptive", "`adaptive`: each step, per request, the draft length in [`min_speculative_tokens`, k] "
         "(0 = no draft) that maximises expected tokens per second under a cost model fitted online "
@@ -166,7 +184,7 @@ class HeteroSettings:
         "e.g. 'auto', false or [1, 2, 4, 8]")
     max_draft_tokens: int = setting(
         None, "draft-model tokens generated per step before re-tokenizing", integer(1), "e.g. 4",
-        default_text="k", algorithms=("slem", "dtw", "slrs"))
+        default_text="k", algorithms=("slem", "dtw", "slrs", "auto"))
     lookbehind: int = setting(
         4, "tokens re-encoded behind the newest text when re-tokenizing", integer(0), "e.g. 4")
     min_shared_tokens: int = setting(
@@ -321,6 +339,14 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
             f"'min_speculative_tokens' = {values['min_speculative_tokens']} exceeds 'num_speculative_tokens' = {k}; "
             f"lower it to at most {k}"
         )
+    if values["algorithm"] == "auto" and values["dtw_verify"] == "faithful" and "dtw" in (
+            *values["auto_greedy"], *values["auto_sampled"]):
+        raise HeteroConfigError(
+            "'dtw_verify' = 'faithful' is approximate at T > 0, and 'algorithm' = 'auto' chooses among lossless "
+            "rules only; set 'dtw_verify' to 'lossless' or take 'dtw' out of 'auto_greedy' and 'auto_sampled'"
+        )
+    for key in ("auto_greedy", "auto_sampled"):
+        values[key] = tuple(values[key])
     if values["executor"] == "ray" and importlib.util.find_spec("ray") is None:
         raise HeteroConfigError(
             "'executor' = 'ray' needs Ray, which is not installed; pip install 'vllm_hetero_spec[ray]' "

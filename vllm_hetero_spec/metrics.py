@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from vllm_hetero_spec.config import LOSSLESS_RULES
+
 DIR_ENV = "HETERO_SPEC_METRICS_DIR"
 
 #: name -> help; exported as ``hetero:<name>_total``.
@@ -56,6 +58,7 @@ COUNTERS: dict[str, str] = {
     "divide by hetero:budget_steps_total for the mean",
     "budget_steps": "Steps the draft budget planned (drafted or not)",
     "undrafted_steps": "Steps the budget ran without any draft (k = 0: speculation would not pay)",
+    **{f"{rule}_request_steps": f"algorithm auto: request-steps drafted with {rule}" for rule in LOSSLESS_RULES},
 }
 #: name -> help; exported as ``hetero:<name>``.
 GAUGES: dict[str, str] = {

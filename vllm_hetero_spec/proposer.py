@@ -37,6 +37,7 @@ from vllm_hetero_spec.drafter.cuda_graphs import resolve_graph_sizes
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.executors import DraftExecutor, make_executor
 from vllm_hetero_spec.drafter.pool_size import engine_pool_mb
+from vllm_hetero_spec.drafter.rule_choice import RuleChooser
 from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.verify.plan import VerifyPlan
 
@@ -76,7 +77,12 @@ class HeteroProposer:
         # drafts are made (rank 0 with Ray) and, in process under TP, sent from rank 0
         # so that every rank drafts the same lengths.
         self.budget = make_budget(self.settings.draft_budget, self.k, self.settings.min_speculative_tokens)
-        self._share_budget = self._tp is not None and not self._broadcast and self.settings.draft_budget == "adaptive"
+        # algorithm: auto -- each request's rule per step, chosen (and shared) like its length.
+        self.rules: RuleChooser | None = None
+        if self.settings.algorithm == "auto":
+            self.rules = RuleChooser(self.settings.auto_greedy, self.settings.auto_sampled)
+        self._share_plan = self._tp is not None and not self._broadcast and (
+            self.settings.draft_budget == "adaptive" or self.rules is not None)
         self._stats = DrafterStats()
         self.board = MetricsBoard(
             {
@@ -90,11 +96,18 @@ class HeteroProposer:
         self._plan: VerifyPlan | None = None
         logger.info(
             "hetero spec: algorithm=%s k=%d draft=%s executor=%s",
-            self.settings.algorithm,
+            self._algorithm_text(),
             self.k,
             self.settings.draft_model,
             self.settings.executor,
         )
+
+    def _algorithm_text(self) -> str:
+        """The algorithm as logs show it (``auto`` with its candidates)."""
+        s = self.settings
+        if s.algorithm != "auto":
+            return s.algorithm
+        return f"auto (greedy: {', '.join(s.auto_greedy)}; sampled: {', '.join(s.auto_sampled)})"
 
     @property
     def stats(self) -> DrafterStats:
@@ -206,11 +219,19 @@ class HeteroProposer:
         start = time.perf_counter()
         req_ids: list[str] = list(self.runner.input_batch.req_ids)
         sampled = [len(s) for s in sampled_token_ids[: len(req_ids)]]
+        params = [self._params(r) for r in req_ids]
+        temperatures = [p.temperature for p in params]
         self.budget.observe(start, req_ids, sampled)
+        rules = None
+        if self.rules is not None:
+            self.rules.observe(start, req_ids, sampled)
+            rules = self.rules.choose(temperatures)
         row_lengths = [int(n) for n in num_tokens_no_spec[: len(req_ids)]]
-        lengths = self.budget.plan(req_ids, [n > 0 for n in sampled], row_lengths)
-        if self._share_budget:
-            lengths = self._tp.broadcast_object(lengths, src=0)
+        lengths = self.budget.plan(req_ids, [n > 0 for n in sampled], row_lengths, rules)
+        if self._share_plan:
+            lengths, rules = self._tp.broadcast_object((lengths, rules), src=0)
+        if rules is not None:
+            params = [dataclasses.replace(p, rule=rule) for p, rule in zip(params, rules)]
         drafts, rows = None, []
         if self.executor is not None and any(lengths):
             try:
@@ -218,7 +239,7 @@ class HeteroProposer:
                 batch = StepBatch(
                     [req_ids[r] for r in rows],
                     [token_ids_cpu[r, : int(num_tokens_no_spec[r])].copy() for r in rows],
-                    [self._params(req_ids[r]) for r in rows],
+                    [params[r] for r in rows],
                     max(lengths),
                     [lengths[r] for r in rows],
                 )
@@ -237,7 +258,10 @@ class HeteroProposer:
         self._install(req_ids, rows, drafts)
         out = [[] for _ in req_ids] if drafts is None else self._layout(req_ids, rows, drafts)
         end = time.perf_counter()
-        self.budget.record(req_ids, [len(o) for o in out], end - start, end, row_lengths)
+        proposed = [len(o) for o in out]
+        self.budget.record(req_ids, proposed, end - start, end, row_lengths, rules)
+        if self.rules is not None:
+            self.rules.record(req_ids, temperatures, rules, proposed)
         self._publish()
         return out
 
@@ -307,6 +331,9 @@ class HeteroProposer:
             self.board.set(name, value)
         self._publish_states(stats)
         self.board.set("draft_budget", self.budget.last_k)
+        if self.rules is not None:
+            for rule, n in self.rules.chosen.items():
+                self.board.set(f"{rule}_request_steps", n)
 
     def _publish_states(self, stats: DrafterStats) -> None:
         self.board.set("request_states", stats.request_states)

@@ -180,8 +180,28 @@ def test_acceptance_counts_the_positions_seen() -> None:
     policy = AdaptiveBudget(4, prior_accept=0.0)
     policy.record(["a"], [4], 0.0, 0.0)
     policy.observe(1.0, ["a"], [3])  # 2 accepted, the 3rd rejected, the 4th never judged
-    np.testing.assert_allclose(policy.tried, [1, 1, 1, 0])
-    np.testing.assert_allclose(policy.accepted, [1, 1, 0, 0])
+    accepted, tried = policy.overall[""]
+    np.testing.assert_allclose(tried, [1, 1, 1, 0])
+    np.testing.assert_allclose(accepted, [1, 1, 0, 0])
+
+
+def test_acceptance_is_kept_per_rule() -> None:
+    """With algorithm auto a request may change rule: one rule's verdicts must not
+    price another's drafts."""
+    policy = AdaptiveBudget(4, prior_accept=0.5)
+    for step in range(20):
+        policy.record(["a"], [4], 0.0, float(step), rules=["slem"])
+        policy.observe(step + 1.0, ["a"], [5])  # slem: every proposal accepted
+        policy.record(["a"], [4], 0.0, float(step), rules=["tli"])
+        policy.observe(step + 1.0, ["a"], [1])  # tli: every first proposal rejected
+    assert policy.acceptance("a", "slem")[0] > 0.9
+    assert policy.acceptance("a", "tli")[0] < 0.1
+    assert policy.acceptance(None, "slem")[0] > 0.9
+    assert policy.acceptance(None, "tli")[0] < 0.1
+    # A rule never seen starts from the prior, whatever the others showed.
+    assert policy.acceptance("a", "slrs")[0] == pytest.approx(0.5)
+    policy.forget("a")
+    assert "a" not in policy.per_request
     policy.forget("a")
     assert "a" not in policy.per_request
 

@@ -408,7 +408,7 @@ def test_budget_lengths_reach_the_drafts_and_the_plan(monkeypatch, bridge, smoll
     a, b, absent = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "union", [a, b, b, absent])
     seen: list[list[int]] = []
-    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths: seen.append(lengths) or [0, 2, K])
+    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(lengths) or [0, 2, K])
     params = SamplingParams(temperature=1.0, seed=3)
     _attach(prop, {r: params for r in ("r0", "r1", "r2")}, ["r0", "r1", "r2"])
     out = _propose(prop, qwen05, 3)
@@ -427,9 +427,27 @@ def test_budget_lengths_reach_the_drafts_and_the_plan(monkeypatch, bridge, smoll
 def test_a_step_at_zero_skips_the_drafter(monkeypatch, bridge, smollm2, qwen05) -> None:
     a, b, _ = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [a, b])
-    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths: [0] * len(req_ids))
+    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths, rules: [0] * len(req_ids))
     _attach(prop, {"r0": SamplingParams(temperature=0.0)}, ["r0"])
     calls = prop.executor.engine.runtime.calls
     assert _propose(prop, qwen05, 1) == [[]]
     assert prop.executor.engine.runtime.calls == calls and prop.take_verify_plan() is None
     assert prop.budget.chosen[0] == 1
+
+
+def test_auto_gives_each_kind_of_request_its_rule(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """``algorithm: auto`` through the proposer: a greedy and a sampled row of one step
+    draft with their kinds' rules (slem, tli), the budget and the chooser learn which
+    rule each row used, and the plan carries q for the tli row only (slem is one-hot)."""
+    a, b, _ = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "auto", [a, b, a, b])
+    seen: list[list[str]] = []
+    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(rules) or [K] * 2)
+    _attach(prop, {"g": SamplingParams(temperature=0.0), "s": SamplingParams(temperature=1.0, seed=3)}, ["g", "s"])
+    out = _propose(prop, qwen05, 2)
+    assert seen == [["slem", "tli"]] and all(out)
+    plan = prop.take_verify_plan()
+    assert plan.q_index["s"] and all(j >= 0 for j in plan.q_index["s"])
+    assert all(j < 0 for j in plan.q_index.get("g", []))
+    assert prop.rules.chosen == {"slem": 1, "tli": 1}
+    assert prop.rules._last.kinds == ["greedy", "sampled"]

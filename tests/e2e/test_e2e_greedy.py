@@ -2,13 +2,18 @@
 
 Real engines, real models, float32 (bf16 rounding differs between one- and multi-token
 forwards, see README). Each configuration runs in its own process, two side by side.
-The first case (Qwen's ``tli``) runs with vLLM's default flags, as users run it
-(torch.compile, and the profile run that sends the rejection sampler dummy drafts with
-no request); the rest add ``enforce_eager`` only to start sooner. Each is compared with
-the target alone under the same flags.
+The first case runs the shipped config (``algorithm: auto``) with vLLM's default flags,
+as users run it (torch.compile, and the profile run that sends the rejection sampler
+dummy drafts with no request); the rest add ``enforce_eager`` only to start sooner. Each
+is compared with the target alone under the same flags. ``auto`` also runs a batch that
+mixes greedy and sampled requests (so its rows draft with different rules in one step):
+its greedy rows must still be the target's own output.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -19,12 +24,13 @@ from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 MAX_TOKENS = 24
 
 
-def _job(target: str, eager: bool, spec: dict | None = None) -> dict:
+def _job(target: str, eager: bool, spec: dict | None = None, mixed: bool = False) -> dict:
     return {
         "target": target,
         "prompts": BRIDGE_STRESS,
         "max_tokens": MAX_TOKENS,
-        "temperature": 0.0,
+        "temperatures": [1.0 if mixed and i % 2 else 0.0 for i in range(len(BRIDGE_STRESS))],
+        "request_seeds": list(range(len(BRIDGE_STRESS))),
         "max_model_len": 1024,
         "speculative_config": spec,
         "warmup": False,
@@ -33,8 +39,13 @@ def _job(target: str, eager: bool, spec: dict | None = None) -> dict:
 
 
 DEFAULT_FLAGS, EAGER = False, True
+SHIPPED = json.loads((Path(__file__).parents[2] / "configs" / "hetero.json").read_text())
+# The rows of the mixed batch that are greedy (the others sample at T = 1, seeded).
+MIXED = "qwen05-auto-mixed"
 CASES = {
-    "qwen05-tli-default-flags": ("qwen05", DEFAULT_FLAGS, {"algorithm": "tli"}),
+    "qwen05-shipped-default-flags": ("qwen05", DEFAULT_FLAGS, {k: v for k, v in SHIPPED.items() if k != "model"}),
+    MIXED: ("qwen05", EAGER, {"algorithm": "auto"}),
+    "qwen05-tli": ("qwen05", EAGER, {"algorithm": "tli"}),
     "qwen05-slem": ("qwen05", EAGER, {"algorithm": "slem"}),
     "gemma-slem": ("gemma", EAGER, {"algorithm": "slem"}),
     "gemma-tli": ("gemma", EAGER, {"algorithm": "tli"}),
@@ -63,7 +74,8 @@ def runs(request: pytest.FixtureRequest, selected_params, smollm2: str) -> dict[
     jobs = {p: _job(paths[p.split(":")[1]], p.endswith(":eager")) for p in plains}
     for c in cases:
         target, eager, spec = CASES[c]
-        jobs[c] = _job(paths[target], eager, {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, **spec})
+        jobs[c] = _job(paths[target], eager, {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, **spec},
+                       mixed=c == MIXED)
     # The two slow starts (torch.compile) side by side, first.
     names = sorted(jobs, key=lambda name: jobs[name]["enforce_eager"])
     return dict(zip(names, run_isolated_many([jobs[n] for n in names])))
@@ -74,8 +86,14 @@ def test_identical_to_target_alone(case: str, runs: dict) -> None:
     plain = unwrap(runs[_plain(case)])
     spec = unwrap(runs[case])
     assert len(plain["token_ids"]) == len(BRIDGE_STRESS) >= 8
-    for prompt, a, b in zip(BRIDGE_STRESS, plain["token_ids"], spec["token_ids"]):
-        assert a == b, f"output differs for prompt {prompt!r}"
+    temps = _job("", False, mixed=case == MIXED)["temperatures"]
+    for prompt, a, b, t in zip(BRIDGE_STRESS, plain["token_ids"], spec["token_ids"], temps):
+        if t == 0.0:
+            assert a == b, f"output differs for prompt {prompt!r}"
+    if case == MIXED:
+        # Greedy rows draft with a greedy candidate, sampled ones with a sampled one.
+        assert {"slem", "tli"} & set(spec["rules_chosen"]) and {"tli", "slrs"} & set(spec["rules_chosen"])
+        assert set(spec["rules_chosen"]) != {"tli"}, spec["rules_chosen"]
     assert spec["num_draft_tokens"] > 0
     assert spec["fallbacks"] == 0
     assert spec["num_accepted_tokens"] > 0, "no draft token was ever accepted"

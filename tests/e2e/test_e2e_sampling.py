@@ -61,8 +61,11 @@ def _job(target: str, prompt: list[int], seed0: int, temperatures: list[float], 
 
 
 # Every lossless mode (dtw in its lossless verification mode, fsd at tau = 0); tli also
-# drafting in a Ray actor, where pipelined drafts come from forked random streams.
-CASES = {"slem": ("slem", "inprocess"), "tli": ("tli", "inprocess"), "dtw": ("dtw", "inprocess"),
+# drafting in a Ray actor, where pipelined drafts come from forked random streams; auto
+# (the default) with as many greedy requests in the engine, so steps mix rules.
+MIXED = "auto-mixed"
+CASES = {MIXED: ("auto", "inprocess"), "slem": ("slem", "inprocess"), "tli": ("tli", "inprocess"),
+         "dtw": ("dtw", "inprocess"),
          "slrs": ("slrs", "inprocess"), "union": ("union", "inprocess"), "fsd": ("fsd", "inprocess"),
          "tli-ray": ("tli", "ray")}
 
@@ -77,11 +80,13 @@ def runs(selected_params, gemma: str, smollm2: str) -> dict[str, dict | Exceptio
     jobs = {"target": _job(gemma, prompt, 0, [1.0, 0.5], json_rows=True)}
     for case in cases:
         algorithm, executor = CASES[case]
-        jobs[case] = _job(gemma, prompt, 10_000, [1.0], {
+        jobs[case] = _job(gemma, prompt, 10_000, [1.0, 0.0] if case == MIXED else [1.0], {
             "method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": algorithm,
             "dtw_verify": "lossless", "executor": executor, "fsd_threshold": 0.0, "draft_budget": "fixed"},
             json_rows=case in JSON_CASES)
     out = dict(zip(jobs, run_isolated_many(list(jobs.values()))))
+    if MIXED in out and not isinstance(out[MIXED], Exception):
+        out[MIXED] = {**out[MIXED], "greedy": out[MIXED]["token_ids"][N:], "token_ids": out[MIXED]["token_ids"][:N]}
     for name in ["target", *JSON_CASES]:
         if name not in out:
             continue
@@ -100,6 +105,9 @@ def _tokens(runs: dict, name: str) -> list[list[int]]:
         assert result["num_accepted_tokens"] > 0 and result["fallbacks"] == 0, result
         if CASES[name][0] == "slrs":  # psi was computed, not skipped for slem
             assert result["drafter_stats"]["slrs_tree_nodes"] > 0, result["drafter_stats"]
+        if name == MIXED:  # greedy and sampled rows drafted, with their kinds' rules
+            assert {"slem", "tli"} & set(result["rules_chosen"]) and {"tli", "slrs"} & set(result["rules_chosen"])
+            assert len(set(map(tuple, result["greedy"]))) == 1  # one prompt: one greedy output
     return result["token_ids"]
 
 

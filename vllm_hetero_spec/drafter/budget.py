@@ -14,6 +14,8 @@ from three models it keeps current from what each step shows:
 - **acceptance**: per draft position j, the probability a_j that the j-th proposal is
   accepted given the ones before it were, over all requests and per request (a
   request's own counts shrunk towards the overall ones), so P_r(j) = a_r1 ... a_rj;
+  kept per rule, since with ``algorithm: auto`` a request may change rule between
+  steps (``drafter/rule_choice.py``) and one rule's verdicts say little of another's;
 - **the target's step**: its time as a function of the tokens it runs (rows +
   proposals), one curve for plain and speculative steps at every batch size, measured
   per size and interpolated between (:class:`TargetCost`);
@@ -189,6 +191,7 @@ class _Step:
 
     req_ids: list[str]
     proposed: dict[str, int]
+    rules: dict[str, str]
     tokens: int
     k: int
     catchup: int
@@ -235,10 +238,10 @@ class AdaptiveBudget:
         self.explore_share = explore_share
         self.explore_memory = explore_memory
         self.allowance = 0.0  # seconds of expected loss that probes may still spend
-        self.accepted = np.zeros(max_tokens)
-        self.tried = np.zeros(max_tokens)
-        # per request: (accepted, tried, the step its counts were last decayed to)
-        self.per_request: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
+        # per rule ("" when the engine has one): (accepted, tried) per position
+        self.overall: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # per request, per rule: (accepted, tried, the step its counts were last decayed to)
+        self.per_request: dict[str, dict[str, tuple[np.ndarray, np.ndarray, int]]] = {}
         self.step_index = 0
         self.target = TargetCost(cost_memory)
         # proposer seconds ~ c0 + c1 k + c2 k rows + c3 catch-up tokens (see record)
@@ -260,8 +263,9 @@ class AdaptiveBudget:
             return
         n_sampled = dict(zip(req_ids, sampled))
         self.step_index += 1
-        self.accepted *= self.accept_memory
-        self.tried *= self.accept_memory
+        for acc, tri in self.overall.values():
+            acc *= self.accept_memory
+            tri *= self.accept_memory
         for req_id, k in last.proposed.items():
             if k <= 0 or n_sampled.get(req_id, 0) <= 0:
                 continue
@@ -271,10 +275,12 @@ class AdaptiveBudget:
             won[:accepted] = 1.0
             seen = np.zeros(self.max_tokens)
             seen[:reached] = 1.0
-            self.accepted += won
-            self.tried += seen
-            acc, tri = self._request_counts(req_id)
-            self.per_request[req_id] = (acc + won, tri + seen, self.step_index)
+            rule = last.rules.get(req_id, "")
+            acc, tri = self._overall(rule)
+            acc += won
+            tri += seen
+            acc, tri = self._request_counts(req_id, rule)
+            self.per_request.setdefault(req_id, {})[rule] = (acc + won, tri + seen, self.step_index)
         # A step is steady when nobody joined it (a newcomer's prefill would pass for
         # verification cost) and nobody is prefilling; a request may have finished in it.
         steady = set(req_ids) <= set(last.req_ids) and all(s > 0 for s in sampled)
@@ -287,8 +293,9 @@ class AdaptiveBudget:
                 self.draft.add([last.k, last.k * drafting, last.catchup], last.propose_s)
 
     def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float,
-               lengths: list[int] | None = None) -> None:
-        """What this step proposed per row (every row of the batch, 0 for none), how
+               lengths: list[int] | None = None, rules: list[str] | None = None) -> None:
+        """What this step proposed per row (every row of the batch, 0 for none), with
+        which rule (``auto``), how
         long proposing took, when it ended, and each row's length (prompt + output):
         the tokens a drafting row's draft state had to catch up on since it last drafted
         (its whole context the first time) are a cost of their own, which must not pass
@@ -299,8 +306,8 @@ class AdaptiveBudget:
                 catchup += lengths[i] - self.synced.get(req_id, 0)
                 self.synced[req_id] = lengths[i]
         k = max(proposed, default=0)
-        self._last = _Step(list(req_ids), dict(zip(req_ids, proposed)), len(req_ids) + sum(proposed), k, catchup,
-                           propose_s, end)
+        self._last = _Step(list(req_ids), dict(zip(req_ids, proposed)), dict(zip(req_ids, rules or ())),
+                           len(req_ids) + sum(proposed), k, catchup, propose_s, end)
         self.chosen[k] += 1
         self.last_k = k
 
@@ -309,30 +316,38 @@ class AdaptiveBudget:
         self.per_request.pop(req_id, None)
         self.synced.pop(req_id, None)
 
-    def _request_counts(self, req_id: str) -> tuple[np.ndarray, np.ndarray]:
-        """A request's counts, decayed to now: they age by steps, like the overall ones,
-        also while the request drafts nothing (else old verdicts would never fade)."""
-        if req_id not in self.per_request:
+    def _overall(self, rule: str) -> tuple[np.ndarray, np.ndarray]:
+        """The counts of every request under ``rule`` (updated in place)."""
+        if rule not in self.overall:
+            self.overall[rule] = (np.zeros(self.max_tokens), np.zeros(self.max_tokens))
+        return self.overall[rule]
+
+    def _request_counts(self, req_id: str, rule: str) -> tuple[np.ndarray, np.ndarray]:
+        """A request's counts under ``rule``, decayed to now: they age by steps, like
+        the overall ones, also while the request drafts nothing (else old verdicts would
+        never fade)."""
+        if rule not in self.per_request.get(req_id, {}):
             return np.zeros(self.max_tokens), np.zeros(self.max_tokens)
-        acc, tri, at = self.per_request[req_id]
+        acc, tri, at = self.per_request[req_id][rule]
         age = self.accept_memory ** (self.step_index - at)
         return acc * age, tri * age
 
     # -- deciding ---------------------------------------------------------------------
 
-    def acceptance(self, req_id: str | None = None) -> np.ndarray:
-        """a_j per position (conditional on the earlier ones accepted), overall or for
-        one request (its counts shrunk towards the overall estimate). A position with
+    def acceptance(self, req_id: str | None = None, rule: str = "") -> np.ndarray:
+        """a_j per position (conditional on the earlier ones accepted) under ``rule``,
+        overall or for one request (its counts shrunk towards the overall estimate). A position with
         few verdicts leans on the one before it (conditional acceptance rarely drops
         with depth: measured 0.59, 0.63, 0.65, 0.71), so a position the policy has not
         tried lately is not written off at the prior."""
         overall = np.empty(self.max_tokens)
         prior = self.prior_accept
+        accepted, tried = self.overall.get(rule, (np.zeros(self.max_tokens), np.zeros(self.max_tokens)))
         for j in range(self.max_tokens):
-            overall[j] = prior = (self.accepted[j] + prior) / (self.tried[j] + 1.0)
-        if req_id is None or req_id not in self.per_request:
+            overall[j] = prior = (accepted[j] + prior) / (tried[j] + 1.0)
+        if req_id is None or rule not in self.per_request.get(req_id, {}):
             return overall
-        acc, tri = self._request_counts(req_id)
+        acc, tri = self._request_counts(req_id, rule)
         return (acc + self.request_weight * overall) / (tri + self.request_weight)
 
     @property
@@ -356,10 +371,11 @@ class AdaptiveBudget:
             out.append(emitted / max(cost, 1e-6))
         return out
 
-    def plan(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None) -> list[int]:
+    def plan(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
+             rules: list[str] | None = None) -> list[int]:
         """The draft length per row of the batch (0 for rows not ``drafting``);
         ``lengths``: each row's length (prompt + output), to price the catch-up of
-        draft states that have fallen behind."""
+        draft states that have fallen behind; ``rules``: each row's rule (``auto``)."""
         rows = len(req_ids)
         if not self.ready:
             k = min(_WARMUP[self.warmup_steps % len(_WARMUP)], self.max_tokens)
@@ -368,7 +384,9 @@ class AdaptiveBudget:
         bucket = self.buckets.setdefault(bucket_of(rows), _Bucket())
         step = bucket.steps
         bucket.steps += 1
-        gains = np.stack([np.cumprod(self.acceptance(r)) for r in req_ids]) * np.asarray(drafting)[:, None]
+        rules = rules or [""] * rows
+        gains = np.stack([np.cumprod(self.acceptance(r, rule)) for r, rule in zip(req_ids, rules)])
+        gains *= np.asarray(drafting)[:, None]
         gain = gains.sum(0)
         n_drafting = int(sum(drafting))
         # Tokens the drafting rows' states have fallen behind by, beyond the one token a
@@ -418,11 +436,12 @@ class FixedBudget:
     def observe(self, now: float, req_ids: list[str], sampled: list[int]) -> None:
         """Nothing to learn."""
 
-    def plan(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None) -> list[int]:
+    def plan(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
+             rules: list[str] | None = None) -> list[int]:
         return [self.max_tokens if d else 0 for d in drafting]
 
     def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float,
-               lengths: list[int] | None = None) -> None:
+               lengths: list[int] | None = None, rules: list[str] | None = None) -> None:
         k = max(proposed, default=0)
         self.chosen[k] += 1
         self.last_k = k

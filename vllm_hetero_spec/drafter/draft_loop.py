@@ -21,6 +21,7 @@ from vllm_hetero_spec.verify.draft_probs import DraftProbs
 
 if TYPE_CHECKING:
     from vllm_hetero_spec.drafter.engine import DraftEngine
+    from vllm_hetero_spec.drafter.proposals import StringLevel
 
 # Columns of a position's packed host record.
 _ID, _PROB, _TARGET, _ABSENT = 0, 1, 2, 3
@@ -31,12 +32,12 @@ def _is_prefix(live: list[int]) -> bool:
 
 
 class DraftLoop:
-    """One step's draft loop state for ``req_ids`` (request i drafts at most
-    ``caps[i]`` target tokens of ``budget``). Loop positions ``j`` index the rows in
+    """One step's draft loop state for ``req_ids``, drafted with ``strategy`` (request
+    i drafts at most ``caps[i]`` target tokens of ``budget``). Loop positions ``j`` index the rows in
     loop order; results are kept by request index ``i``."""
 
-    def __init__(self, engine: DraftEngine, req_ids: list[str], caps: list[int], budget: int):
-        strategy = engine.proposals
+    def __init__(self, engine: DraftEngine, strategy: StringLevel, req_ids: list[str], caps: list[int],
+                 budget: int):
         self.strategy = strategy
         self.token_level = strategy.token_level
         self.specials = engine.draft_specials

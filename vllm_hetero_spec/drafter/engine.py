@@ -11,8 +11,11 @@ distribution for the token-level algorithms (``tli``, ``fsd``, ``union``), and f
 ``slrs`` a first target token sampled from the drafter's string-level law psi
 (``drafter/slrs.py``) followed by re-tokenized draft text -- with what verification
 needs beyond the ids (q rows, ``union``'s forced rejections, ``fsd``'s thresholds).
-How a position is sampled and how proposals are assembled is the algorithm's strategy
-(``drafter/proposals.py``), chosen once at construction; the loop here is shared.
+How a position is sampled and how proposals are assembled is a rule's strategy
+(``drafter/proposals.py``); the loop here is shared. With ``algorithm: auto`` each row
+names its rule for the step (``RequestParams.rule``, chosen by the proposer): rows are
+drafted in one loop per rule, so a batch may mix rules and each row's proposals are
+exactly what its rule alone would give.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from vllm_hetero_spec.drafter.draft_dtype import cpu_flags, platform_device_type
 from vllm_hetero_spec.drafter.messages import DraftOutput, DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted
 from vllm_hetero_spec.drafter.pool_size import STANDALONE_MB
-from vllm_hetero_spec.drafter.proposals import make_proposals
+from vllm_hetero_spec.drafter.proposals import StringLevel, make_strategies
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
-from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
+from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows, processed_probs, sample
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.retokenize import AlignedTokens, sync_batch
 
@@ -123,7 +126,7 @@ class DraftEngine:
             tid for tid, b in enumerate(self.bridge.draft_encoder.token_bytes) if b is None
         } | set(self.bridge.draft_tokenizer.all_special_ids)
         self.target_eos = self.bridge.target_tokenizer.eos_token_id
-        self.proposals = make_proposals(self)
+        self.strategies = make_strategies(self)
         # Read the draft loop back once per step (accelerators) or every position (CPU,
         # where a read costs nothing and rows that stop leave the batch): see _draft.
         self.defer_reads = self.runtime.device.type != "cpu"
@@ -178,32 +181,83 @@ class DraftEngine:
     def step(
         self, batch: StepBatch, speculative: bool = False, stop: Callable[[], bool] | None = None
     ) -> StepDrafts:
-        """Sync every row with its committed tokens and draft them (one packed loop).
-        A ``speculative`` step (``drafter/pipeline.py``) is left out of the per-step
-        counters, which describe the drafts vLLM actually received; ``stop`` ends its
-        draft loop early (shorter drafts are still valid drafts)."""
+        """Sync every row with its committed tokens and draft them (one packed loop per
+        rule in the batch). A ``speculative`` step (``drafter/pipeline.py``) is left out
+        of the per-step counters, which describe the drafts vLLM actually received;
+        ``stop`` ends its draft loops early (shorter drafts are still valid drafts)."""
         t0 = time.perf_counter()
         req_ids = batch.req_ids
         budget = max(1, min(batch.budget, self.k))
+        rules = [self.rule_of(p) for p in batch.params]
         ready = self.sync(req_ids, batch.tokens, batch.params)
-        ready = self._reserve(req_ids, ready, budget)
-        active = [i for i, ok in enumerate(ready) if ok]
-        active_ids = [req_ids[i] for i in active]
-        t1 = time.perf_counter()
-        first = self.proposals.first_tokens(active_ids)
-        drafting = [r for r in active_ids if r not in first or first[r].continues]
-        caps = {batch.req_ids[i]: max(1, min(batch.cap(i), budget)) for i in active}
-        draft = self._draft(drafting, budget, [caps[r] for r in drafting], stop)
-        t2 = time.perf_counter()
-        out = StepDrafts([[] for _ in req_ids], ready=ready)
-        self.proposals.assemble(out, batch, active, drafting, draft, budget, first)
+        ready = self._reserve(req_ids, ready, budget, rules)
+        groups: dict[str, list[int]] = {}
+        for i, ok in enumerate(ready):
+            if ok:
+                groups.setdefault(rules[i], []).append(i)
+        draft_s = 0.0
+        parts: list[tuple[list[int], StepDrafts]] = []
+        for rule, active in groups.items():
+            part, drafted_s = self._step_rule(self.strategies[rule], batch, active, budget, stop)
+            parts.append((active, part))
+            draft_s += drafted_s
+        out = self._merge(parts, ready)
         if not speculative:
             t3 = time.perf_counter()
             self.stats.steps += 1
-            self.stats.undrafted += len(req_ids) - len(active)
-            self.stats.bridge_s += (t1 - t0) + (t3 - t2)
-            self.stats.draft_s += t2 - t1
+            self.stats.undrafted += len(req_ids) - sum(len(a) for a in groups.values())
+            self.stats.bridge_s += (t3 - t0) - draft_s
+            self.stats.draft_s += draft_s
             self.stats.proposed += sum(len(o) for o in out.ids)
+        return out
+
+    def rule_of(self, params: RequestParams) -> str:
+        """The rule a row drafts with: the one it names, else the engine's first for its
+        kind of sampling (its algorithm, or ``auto``'s first candidate)."""
+        if params.rule:
+            if params.rule not in self.strategies:
+                raise ValueError(f"rule {params.rule!r} is not one of this engine's {list(self.strategies)}")
+            return params.rule
+        settings = self.settings
+        if settings.algorithm != "auto":
+            return settings.algorithm
+        return settings.auto_greedy[0] if params.temperature < GREEDY_EPS else settings.auto_sampled[0]
+
+    def _step_rule(
+        self, strategy: StringLevel, batch: StepBatch, active: list[int], budget: int,
+        stop: Callable[[], bool] | None,
+    ) -> tuple[StepDrafts, float]:
+        """Draft the batch rows ``active`` with one rule: the drafts (rows outside
+        ``active`` empty) and the seconds spent drafting (the rest is the bridge's)."""
+        active_ids = [batch.req_ids[i] for i in active]
+        t0 = time.perf_counter()
+        first = strategy.first_tokens(active_ids)
+        drafting = [r for r in active_ids if r not in first or first[r].continues]
+        caps = {batch.req_ids[i]: max(1, min(batch.cap(i), budget)) for i in active}
+        draft = self._draft(strategy, drafting, budget, [caps[r] for r in drafting], stop)
+        t1 = time.perf_counter()
+        out = StepDrafts([[] for _ in batch.req_ids], ready=[False] * len(batch.req_ids))
+        strategy.assemble(out, batch, active, drafting, draft, budget, first)
+        return out, t1 - t0
+
+    @staticmethod
+    def _merge(parts: list[tuple[list[int], StepDrafts]], ready: list[bool]) -> StepDrafts:
+        """One step's drafts from each rule's (a row takes its rule's; rows no rule drafted
+        are empty), in batch order."""
+        if len(parts) == 1:
+            out = parts[0][1]
+        elif not parts:
+            out = StepDrafts([[] for _ in ready])
+        else:
+            owner = [0] * len(ready)
+            for n, (active, _) in enumerate(parts):
+                for i in active:
+                    owner[i] = n
+            rows = [[i for i in range(len(ready)) if owner[i] == n] for n in range(len(parts))]
+            joined = StepDrafts.concat([part.select(r) for (_, part), r in zip(parts, rows)])
+            where = {i: pos for pos, i in enumerate(i for r in rows for i in r)}
+            out = joined.select([where[i] for i in range(len(ready))])
+        out.ready = list(ready)
         return out
 
     def next_logits(self, req_ids: list[str]) -> torch.Tensor:
@@ -260,18 +314,18 @@ class DraftEngine:
             ready.append(n_ids > 0)
         return ready
 
-    def _reserve(self, req_ids: list[str], ready: list[bool], budget: int) -> list[bool]:
+    def _reserve(self, req_ids: list[str], ready: list[bool], budget: int, rules: list[str]) -> list[bool]:
         """Reserve KV blocks for this step's writes (pending tokens, drafts, and for
         slrs its first token's spelling) before any forward, so that a full pool
         leaves a request undrafted this step instead of failing mid-loop. A request
         whose draft sequence would pass the draft model's context length is left
         undrafted too."""
-        extra = self.proposals.draft_steps(budget) + self.proposals.reserve_extra
         out = []
-        for req_id, ok in zip(req_ids, ready):
+        for req_id, ok, rule in zip(req_ids, ready, rules):
             if ok:
+                strategy = self.strategies[rule]
                 state = self.states[req_id]
-                end = len(state.draft) + extra
+                end = len(state.draft) + strategy.draft_steps(budget) + strategy.reserve_extra
                 if end > self.runtime.max_len:
                     out.append(False)
                     continue
@@ -291,7 +345,8 @@ class DraftEngine:
         )
 
     def _draft(
-        self, req_ids: list[str], budget: int, caps: list[int], stop: Callable[[], bool] | None = None,
+        self, strategy: StringLevel, req_ids: list[str], budget: int, caps: list[int],
+        stop: Callable[[], bool] | None = None,
     ) -> DraftOutput:
         """Run the packed draft loop: per request the proposals (draft ids for slem and
         dtw, target ids for the token-level algorithms), each token's probability under
@@ -308,11 +363,11 @@ class DraftEngine:
         the loop: every row drafts its full length and the stop rules cut the drafts
         afterwards. On the CPU a read costs nothing, so it happens every position and a
         row that stops leaves the batch at once."""
-        loop = DraftLoop(self, req_ids, caps, budget)
+        loop = DraftLoop(self, strategy, req_ids, caps, budget)
         if not req_ids:
             return loop.output()
         defer = self.defer_reads
-        n_steps = self.proposals.draft_steps(budget)
+        n_steps = strategy.draft_steps(budget)
         live = list(range(len(req_ids)))
         sampled: torch.Tensor | None = None
         for step in range(n_steps):

@@ -25,6 +25,7 @@ class RequestParams:
     top_p: float = 1.0
     seed: int | None = None
     fsd_threshold: float = 0.0
+    rule: str = ""  # with ``algorithm: auto``, the rule this step drafts with ("" = the engine's default)
 
 
 @dataclass
@@ -109,7 +110,7 @@ class StepDrafts:
 
     @staticmethod
     def concat(parts: list["StepDrafts"]) -> "StepDrafts":
-        """Rows of ``parts`` (at least one, all from the same algorithm) one after the other."""
+        """Rows of ``parts`` (at least one; ``fsd``'s thresholds in all or none) one after the other."""
         out = StepDrafts([], None, [], {}, None, [])
         if parts[0].fsd_threshold is not None:
             out.fsd_threshold = []

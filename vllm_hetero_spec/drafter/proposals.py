@@ -12,8 +12,10 @@ and what verification gets with them:
 - ``dtw`` faithful: as string level, plus TokenTiming's transferred probabilities;
 - ``slrs``: a first target token drawn from psi (``drafter/slrs.py``), then string level.
 
-:data:`STRATEGIES` maps each algorithm name to its class; nothing else in the drafter
-branches on the algorithm's name.
+:data:`STRATEGIES` maps each rule's name to its class; nothing else in the drafter
+branches on a rule's name. An engine holds one strategy per rule it may use: its
+algorithm's, or with ``algorithm: auto`` every candidate rule (``drafter/rule_choice.py``
+picks one per request each step, and the engine drafts each rule's rows with its own).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.vocab.retokenize import propose_continuations
 
 if TYPE_CHECKING:
+    from vllm_hetero_spec.config import HeteroSettings
     from vllm_hetero_spec.drafter.engine import DraftEngine
 
 
@@ -57,8 +60,9 @@ class StringLevel:
     reserve_extra = 0  # KV positions beyond the draft loop's own (slrs: its first token)
     greedy_reads_q = False  # whether verification reads q in greedy rows (fsd's divergence)
 
-    def __init__(self, engine: DraftEngine):
+    def __init__(self, engine: DraftEngine, rule: str):
         self.engine = engine
+        self.rule = rule
 
     def draft_steps(self, budget: int) -> int:
         """Drafter forwards per step: max_draft_tokens for k target tokens, scaled down
@@ -161,8 +165,8 @@ class Slrs(StringLevel):
 
     reserve_extra = 8
 
-    def __init__(self, engine: DraftEngine):
-        super().__init__(engine)
+    def __init__(self, engine: DraftEngine, rule: str):
+        super().__init__(engine, rule)
         settings, bridge = engine.settings, engine.bridge
         self.proposer = StringLevelProposer(
             bridge.draft_bytes, bridge.target_bytes, bridge.target_encoder, engine.target_eos, engine.target_vocab,
@@ -222,19 +226,15 @@ class TokenLevel(StringLevel):
 
     token_level = True
 
-    def __init__(self, engine: DraftEngine):
-        super().__init__(engine)
-        self.algorithm = engine.settings.algorithm
-
     def draft_steps(self, budget: int) -> int:
         return budget
 
     def sample(self, logits: torch.Tensor, rows: SamplingRows) -> Sampled:
-        mapped = draft_step(logits, rows, self.engine.intersection, self.algorithm)
+        mapped = draft_step(logits, rows, self.engine.intersection, self.rule)
         return Sampled(mapped.ids, mapped.q, mapped.target_ids, mapped.absent, mapped.verify_q)
 
     def confidence_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.algorithm not in RESTRICTED:
+        if self.rule not in RESTRICTED:
             return logits
         return logits.masked_fill(self.engine.intersection.draft_mask.logical_not(), float("-inf"))
 
@@ -267,12 +267,25 @@ class Fsd(TokenLevel):
         out.fsd_threshold = [p.fsd_threshold for p in batch.params]
 
 
-def make_proposals(engine: DraftEngine) -> StringLevel:
-    """The strategy of the engine's algorithm (``dtw`` by its verification mode)."""
+def make_strategies(engine: DraftEngine) -> dict[str, StringLevel]:
+    """The strategy of each rule the engine may use (``dtw`` by its verification mode),
+    in the order :func:`engine_rules` gives them."""
     settings = engine.settings
-    if settings.algorithm == "dtw" and settings.dtw_verify == "faithful":
-        return DtwFaithful(engine)
-    return STRATEGIES[settings.algorithm](engine)
+    out: dict[str, StringLevel] = {}
+    for rule in engine_rules(settings):
+        if rule == "dtw" and settings.dtw_verify == "faithful":
+            out[rule] = DtwFaithful(engine, rule)
+        else:
+            out[rule] = STRATEGIES[rule](engine, rule)
+    return out
+
+
+def engine_rules(settings: HeteroSettings) -> tuple[str, ...]:
+    """The rules an engine drafts with: its algorithm, or for ``auto`` the candidates
+    for greedy rows, then those for sampled rows (each once)."""
+    if settings.algorithm != "auto":
+        return (settings.algorithm,)
+    return tuple(dict.fromkeys((*settings.auto_greedy, *settings.auto_sampled)))
 
 
 STRATEGIES: dict[str, type[StringLevel]] = {

@@ -251,6 +251,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     budget = getattr(drafter, "budget", None)
     if budget is not None:
         result["draft_lengths"] = {str(k): n for k, n in sorted(budget.chosen.items())}
+    rules = getattr(drafter, "rules", None)
+    if rules is not None:
+        result["rules_chosen"] = dict(rules.chosen)
+        result["rule_rates"] = rules.rates()
     if stats is not None and stats.steps:
         result["bridge_ms_per_step"] = 1e3 * stats.bridge_s / stats.steps
         result["draft_ms_per_step"] = 1e3 * stats.draft_s / stats.steps

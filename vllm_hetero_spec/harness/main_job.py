@@ -25,7 +25,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="qwen2.5-coder-1.5b", help="target model folder or short name")
     ap.add_argument("--draft", default="smollm2-135m", help="draft model folder or short name")
-    ap.add_argument("--algorithm", default="tli", choices=ALGORITHMS)
+    ap.add_argument("--algorithm", default="auto", choices=ALGORITHMS,
+                    help="auto: the plugin picks the rule per request from what it measures")
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=4,
                     help="the most tokens drafted per step (the adaptive budget picks 0..k each step)")
     ap.add_argument("--draft-budget", default="adaptive", choices=("adaptive", "fixed"),
@@ -79,6 +80,8 @@ def main() -> None:
         "draft_ms_per_step": hetero.get("draft_ms_per_step"),
         "identical_outputs": f"{same}/{len(prompts)}",
         "draft_lengths": hetero.get("draft_lengths"),
+        "rules_chosen": hetero.get("rules_chosen"),
+        "rule_rates": hetero.get("rule_rates"),
     }
     summary["draft_dtype"] = hetero.get("draft_dtype")
     print(f"hetero ({args.algorithm}, draft dtype {summary['draft_dtype']}): {hetero['tok_per_s']:.2f} tok/s  "
@@ -92,6 +95,12 @@ def main() -> None:
           f"drafter {fmt(summary['draft_ms_per_step'], '.1f')} ms/step")
     lengths = summary["draft_lengths"] or {}
     print("draft length chosen per step (k: steps): " + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
+    if summary["rules_chosen"] is not None:
+        rates = "; ".join(f"{kind}: " + ", ".join(f"{r} {v:.2f}" for r, v in by_rule.items())
+                          for kind, by_rule in (summary["rule_rates"] or {}).items() if by_rule)
+        print("rule chosen per drafted request-step: " + ", ".join(
+            f"{r}: {n}" for r, n in sorted(summary["rules_chosen"].items(), key=lambda x: -x[1]))
+              + (f"  (measured tok/s per rule, {rates})" if rates else ""))
     if args.temperature == 0:
         print(f"identical to plain decoding: {summary['identical_outputs']} prompts")
     print("sample output:", json.dumps(hetero["texts"][0][:200]))

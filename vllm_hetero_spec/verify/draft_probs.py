@@ -83,10 +83,14 @@ class DraftProbs:
 
     @staticmethod
     def cat(parts: list["DraftProbs"]) -> "DraftProbs":
-        """The rows of ``parts`` one after the other (all shared on one support, or all
-        per row: narrower supports are padded to the widest)."""
-        if parts[0].shared:
-            return DraftProbs(torch.cat([p.probs for p in parts]), parts[0].support)
+        """The rows of ``parts`` one after the other: on their shared support when they
+        all have the same one, else per row (a shared support repeated on each of its
+        rows, as when ``auto`` mixes ``tli`` and ``slrs`` rows; narrower supports padded
+        to the widest)."""
+        first = parts[0]
+        if all(p.shared and p.support is first.support for p in parts):
+            return DraftProbs(torch.cat([p.probs for p in parts]), first.support)
+        parts = [DraftProbs(p.probs, p.support.expand(p.num_rows, -1)) if p.shared else p for p in parts]
         width = max(p.probs.shape[1] for p in parts)
         probs, support = [], []
         for p in parts:
