@@ -1,0 +1,199 @@
+"""The defaults against every lossless rule alone, plain decoding and vLLM's built-in TLI.
+
+Per cell (target x batch size x temperature), each configuration runs in its own engine
+with default settings: plain decoding, ours with ``algorithm: auto`` (the default), ours
+with each lossless rule alone (``--rules``), and vLLM's built-in heterogeneous TLI
+(``draft_model`` with ``use_heterogeneous_vocab``, k = 4). Runs are interleaved -- every
+configuration of every cell once, then the whole round again (``--repeats``) -- so a
+slow patch of a shared machine does not land on one configuration; the median is
+reported with the spread (min-max over the repeats).
+
+Prompts are held out: Spec-Bench questions past the first ``--skip`` (the ones tests
+and earlier benchmarks use), of at most 1,200 characters, in the target's chat template.
+
+    .venv/bin/python benchmarks/defaults.py                       # the whole matrix (hours)
+    .venv/bin/python benchmarks/defaults.py --targets qwen2.5-coder-1.5b --batch-sizes 1
+
+Writes benchmarks/results/<name>.{json,md,png} after every run (a cut-off run keeps
+what it measured; ``--append`` adds rounds to an existing file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+from report import fmt, median
+
+from vllm_hetero_spec.harness.evaluation import run_isolated
+from vllm_hetero_spec.harness.models import ensure_model
+from vllm_hetero_spec.harness.prompts import chat_prompts, spec_bench_questions
+
+OUT = Path(__file__).parent / "results"
+NAME = "defaults"
+RULES = ("slem", "tli", "slrs", "dtw", "union")
+BUILTIN = "vllm built-in TLI"
+MAX_CHARS = 1200
+
+
+def held_out_questions(n: int, skip: int) -> list[str]:
+    """``n`` Spec-Bench questions of at most :data:`MAX_CHARS` characters, past the first ``skip``."""
+    pool = [q for q in spec_bench_questions(240)[skip:] if len(q) <= MAX_CHARS]
+    if len(pool) < n:
+        raise SystemExit(f"only {len(pool)} held-out questions of <= {MAX_CHARS} characters; lower --skip")
+    return pool[:n]
+
+
+def configs(draft: str, rules: list[str], builtin: bool) -> list[tuple[str, dict | None]]:
+    ours = {"method": "hetero", "model": draft, "num_speculative_tokens": 4}
+    out: list[tuple[str, dict | None]] = [("plain", None), ("auto", {**ours, "algorithm": "auto"})]
+    out += [(rule, {**ours, "algorithm": rule}) for rule in rules]
+    if builtin:
+        out.append((BUILTIN, {"method": "draft_model", "model": draft, "num_speculative_tokens": 4,
+                              "use_heterogeneous_vocab": True}))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--targets", nargs="+", default=["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma3-270m"])
+    ap.add_argument("--draft", default="smollm2-135m")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--rules", nargs="*", default=list(RULES), help="lossless rules run alone")
+    ap.add_argument("--rules-at-t1", nargs="*", default=None,
+                    help="the rules run alone at T > 0 (default: --rules)")
+    ap.add_argument("--no-builtin", action="store_true")
+    ap.add_argument("--batch1-prompts", type=int, default=6, help="prompts run one at a time at batch 1")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--skip", type=int, default=40, help="Spec-Bench questions to skip (used elsewhere)")
+    ap.add_argument("--name", default=NAME)
+    ap.add_argument("--append", action="store_true")
+    args = ap.parse_args()
+
+    draft = str(ensure_model(args.draft))
+    targets = {t: str(ensure_model(t)) for t in args.targets}
+    questions = held_out_questions(max(args.batch_sizes + [args.batch1_prompts]), args.skip)
+    meta = {"args": vars(args), "machine": f"{platform.machine()} {platform.processor()}",
+            "date": time.strftime("%Y-%m-%d")}
+    runs: list[dict] = []
+    OUT.mkdir(exist_ok=True)
+    if args.append:
+        previous = json.loads((OUT / f"{args.name}.json").read_text())
+        runs, meta = previous["runs"], {**previous["meta"], f"appended {meta['date']}": meta["args"]}
+    cells = [(t, bs, temp) for t in args.targets for bs in args.batch_sizes for temp in args.temperatures]
+    for rep in range(args.repeats):
+        for target, bs, temp in cells:
+            rules = args.rules if temp == 0 or args.rules_at_t1 is None else args.rules_at_t1
+            n = bs if bs > 1 else args.batch1_prompts
+            prompts = chat_prompts(targets[target], questions[:n])
+            for name, spec in configs(draft, rules, not args.no_builtin):
+                job = {"target": targets[target], "prompts": prompts, "max_tokens": args.max_tokens,
+                       "temperature": temp, "batch_size": bs, "speculative_config": spec,
+                       "request_seeds": list(range(n)), "ignore_eos": True, "max_num_seqs": max(bs, 16),
+                       "warmup": "full" if bs > 1 else True}
+                t0 = time.time()
+                try:
+                    result = run_isolated(job)
+                except Exception as err:  # one failing configuration must not lose the round
+                    print(f"{target} bs={bs} T={temp} {name}: FAILED {err}", flush=True)
+                    runs.append({"target": target, "batch_size": bs, "temperature": temp, "config": name,
+                                 "error": str(err)[-500:]})
+                    continue
+                runs.append({
+                    "target": target, "batch_size": bs, "temperature": temp, "config": name, "repeat": rep,
+                    "tok_per_s": result["tok_per_s"], "acceptance_rate": result["acceptance_rate"],
+                    "mean_acceptance_length": result["mean_acceptance_length"],
+                    "draft_lengths": result.get("draft_lengths"), "rules_chosen": result.get("rules_chosen"),
+                    "rule_rates": result.get("rule_rates"), "draft_dtype": result.get("draft_dtype"),
+                    "wall_s": time.time() - t0,
+                })
+                print(f"{target} bs={bs} T={temp} {name} rep={rep}: {result['tok_per_s']:.2f} tok/s "
+                      f"rules={result.get('rules_chosen')} k={result.get('draft_lengths')} "
+                      f"({time.time() - t0:.0f}s wall)", flush=True)
+                (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2))
+                (OUT / f"{args.name}.md").write_text(to_markdown(runs, meta))
+    plot(runs, args.name)
+    print(to_markdown(runs, meta))
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """Per (cell, configuration): the median tok/s, its spread, and ratios to plain."""
+    ok = [r for r in runs if "error" not in r]
+    keys = list(dict.fromkeys((r["target"], r["batch_size"], r["temperature"], r["config"]) for r in runs))
+    rows = []
+    for key in keys:
+        mine = [r for r in ok if (r["target"], r["batch_size"], r["temperature"], r["config"]) == key]
+        failed = sum(1 for r in runs if "error" in r and (r["target"], r["batch_size"], r["temperature"], r["config"]) == key)
+        tps = [r["tok_per_s"] for r in mine]
+        rows.append({"target": key[0], "batch_size": key[1], "temperature": key[2], "config": key[3],
+                     "runs": tps, "tok_per_s": median(tps), "failed": failed,
+                     "acceptance_rate": median([r["acceptance_rate"] for r in mine]),
+                     "rules_chosen": mine[-1].get("rules_chosen") if mine else None})
+    for row in rows:
+        cell = [r for r in rows if (r["target"], r["batch_size"], r["temperature"]) ==
+                (row["target"], row["batch_size"], row["temperature"])]
+        plain = next((r for r in cell if r["config"] == "plain"), None)
+        base = plain["tok_per_s"] if plain else None
+        row["speedup"] = row["tok_per_s"] / base if base and row["tok_per_s"] else None
+        row["spread"] = ((min(row["runs"]) / base, max(row["runs"]) / base) if base and row["runs"] else None)
+    return rows
+
+
+def to_markdown(runs: list[dict], meta: dict) -> str:
+    a = meta["args"]
+    lines = [
+        f"Draft {a['draft']}, targets in float32, k <= 4, default settings otherwise; {a['max_tokens']} tokens per "
+        f"request (EOS ignored); held-out Spec-Bench prompts (past the first {a['skip']}, <= {MAX_CHARS} characters); "
+        f"batch 1 runs {a['batch1_prompts']} prompts one at a time, larger batches run the job once untimed first. "
+        "Each configuration in its own engine; rounds interleaved; speedup = median tok/s over plain's median, "
+        "spread = min-max of the runs over plain's median. `benchmarks/defaults.py`; machine: "
+        f"{meta['machine']}, {meta['date']}.",
+        "",
+        "| target | batch | T | configuration | tok/s (runs) | speedup | spread | acceptance | rules chosen (auto) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summarize(runs):
+        spread = "-" if r["spread"] is None else f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f}"
+        chosen = r["rules_chosen"]
+        rules = "-" if not chosen else " ".join(f"{k}:{v}" for k, v in sorted(chosen.items(), key=lambda x: -x[1]))
+        runs_txt = " / ".join(f"{x:.2f}" for x in r["runs"]) + (f" ({r['failed']} failed)" if r["failed"] else "")
+        lines.append(f"| {r['target']} | {r['batch_size']} | {r['temperature']} | {r['config']} | {runs_txt} | "
+                     f"{fmt(r['speedup'], '.2f')}x | {spread} | {fmt(r['acceptance_rate'], '.1%')} | {rules} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict], name: str) -> None:
+    """Speedup per configuration with its spread, one panel per cell."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in summarize(runs) if r["config"] != "plain" and r["speedup"] is not None]
+    cells = list(dict.fromkeys((r["target"], r["batch_size"], r["temperature"]) for r in rows))
+    if not cells:
+        return
+    fig, axes = plt.subplots(1, len(cells), figsize=(2.8 * len(cells), 3.6), sharey=True, squeeze=False)
+    for ax, cell in zip(axes[0], cells):
+        mine = [r for r in rows if (r["target"], r["batch_size"], r["temperature"]) == cell]
+        colors = ["tab:green" if r["config"] == "auto" else "tab:gray" if r["config"] == BUILTIN else "tab:blue"
+                  for r in mine]
+        low = [r["speedup"] - r["spread"][0] for r in mine]
+        high = [r["spread"][1] - r["speedup"] for r in mine]
+        ax.bar(range(len(mine)), [r["speedup"] for r in mine], color=colors, yerr=[low, high], capsize=2)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(range(len(mine)), [r["config"].replace("vllm built-in TLI", "built-in") for r in mine],
+                      rotation=60, fontsize=7)
+        ax.set_title(f"{cell[0]}\nbatch {cell[1]}, T={cell[2]}", fontsize=8)
+    axes[0][0].set_ylabel("speedup over plain decoding")
+    fig.tight_layout()
+    fig.savefig(OUT / f"{name}.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
