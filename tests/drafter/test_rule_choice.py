@@ -29,7 +29,7 @@ class Sim:
 
 
 def test_tries_each_candidate_then_keeps_the_fastest() -> None:
-    chooser = RuleChooser(("slem", "tli"), ("tli", "slrs"), block=4, trials=2, recheck_every=100)
+    chooser = RuleChooser(("slem", "tli"), ("tli", "slrs"), block=4, trials=2, recheck_every=100, decisive=1.5)
     sim = Sim(chooser, {"slem": 1.0, "tli": 0.5, "slrs": 1.0})
     ran = [sim.step(["a"], [0.0])[0] for _ in range(60)]
     # The listed order first, alternating blocks, then the faster rule for good.
@@ -87,3 +87,11 @@ def test_a_single_candidate_is_always_chosen() -> None:
     chooser = RuleChooser(("tli",), ("tli",), block=1, trials=1, recheck_every=1)
     sim = Sim(chooser, {"tli": 1.0})
     assert {r for _ in range(10) for r in sim.step(["a", "b"], [0.0, 1.0])} == {"tli"}
+
+
+def test_a_candidate_far_behind_is_not_tried_twice() -> None:
+    chooser = RuleChooser(("slem", "tli"), ("tli",), block=4, trials=2, recheck_every=100, decisive=0.25)
+    sim = Sim(chooser, {"slem": 0.5, "tli": 1.0})  # tli emits half as fast
+    ran = [sim.step(["a"], [0.0])[0] for _ in range(40)]
+    assert ran[:8] == ["slem"] * 4 + ["tli"] * 4
+    assert ran[8:] == ["slem"] * 32
