@@ -145,7 +145,10 @@ def test_spec_decode_metrics_are_consistent(servers) -> None:
     assert hetero.metric_sum("hetero:steps_total") > 0
     assert hetero.metric_sum("hetero:proposed_tokens_total") >= draft_tokens
     assert 0 < hetero.metric_sum("hetero:bridge_seconds_total") < hetero.metric_sum("hetero:draft_seconds_total")
-    assert any(k.startswith("hetero:steps_total{") and 'algorithm="tli"' in k for k in m)
+    assert any(k.startswith("hetero:steps_total{") and 'algorithm="auto"' in k for k in m)
+    # auto: every drafted request-step is counted under the rule it drafted with.
+    by_rule = sum(hetero.metric_sum(f"hetero:{rule}_request_steps_total") for rule in ("slem", "tli", "slrs"))
+    assert by_rule > 0 and hetero.metric_sum("hetero:slem_request_steps_total") > 0
 
 
 def _serve_fails(model: str, spec: str, timeout: float = 240) -> subprocess.CompletedProcess:
