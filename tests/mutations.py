@@ -219,6 +219,42 @@ MUTATIONS = [
         "        return self.input_ids.narrow(0, 0, padded).clone(), self.positions",
         ("tests/drafter/test_draft_loop_device.py", "-k", "graphed"),
     ),
+    Mutation(
+        "auto-one-rule", "auto drafts every row of a mixed batch with the first rule in it",
+        "vllm_hetero_spec/drafter/engine.py",
+        "            part, drafted_s = self._step_rule(self.strategies[rule], batch, active, budget, stop)",
+        "            part, drafted_s = self._step_rule(self.strategies[rules[active[0]]], batch, "
+        "[i for i, ok in enumerate(ready) if ok], budget, stop)",
+        ("tests/drafter/test_mixed_rules.py",),
+    ),
+    Mutation(
+        "auto-row-order", "auto's mixed batch hands rows their drafts in rule order, not batch order",
+        "vllm_hetero_spec/drafter/engine.py",
+        "            out = joined.select([where[i] for i in range(len(ready))])",
+        "            out = joined",
+        ("tests/drafter/test_mixed_rules.py",),
+    ),
+    Mutation(
+        "auto-shared-acceptance", "the budget prices one rule's drafts on another rule's acceptance",
+        "vllm_hetero_spec/drafter/budget.py",
+        '            rule = last.rules.get(req_id, "")',
+        '            rule = ""',
+        ("tests/drafter/test_budget.py",),
+    ),
+    Mutation(
+        "auto-sticky", "auto runs its first candidate whatever the comparison showed",
+        "vllm_hetero_spec/drafter/rule_choice.py",
+        "        kind.best = max(kind.candidates, key=lambda r: kind.rates[r])",
+        "        kind.best = kind.candidates[0]",
+        ("tests/drafter/test_rule_choice.py",),
+    ),
+    Mutation(
+        "auto-blocks", "auto compares rules in blocks of steps instead of turn by turn",
+        "vllm_hetero_spec/drafter/rule_choice.py",
+        "            return self.candidates[self.turn % len(self.candidates)]",
+        "            return self.candidates[self.turn // 8 % len(self.candidates)]",
+        ("tests/drafter/test_rule_choice.py",),
+    ),
 ]
 
 

@@ -19,10 +19,10 @@ from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
 TARGET_VOCAB = 151936
 
-ROWS = [  # (request id, rule, sampling)
+ROWS = [  # (request id, rule, sampling): the tli rows apart, so rule order is not batch order
+    ("g-tli", "tli", RequestParams()),
     ("g-slem", "slem", RequestParams()),
     ("s-tli", "tli", RequestParams(temperature=1.0, seed=3)),
-    ("g-tli", "tli", RequestParams()),
     ("s-slrs", "slrs", RequestParams(temperature=0.8, top_p=0.95, seed=5)),
 ]
 
@@ -63,9 +63,9 @@ def test_each_row_drafts_what_its_rule_alone_drafts(engine: DraftEngine, prompts
         if want is not None:
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     # Sampled rows carry q (tli: every position; slrs: its first token), greedy rows none.
-    assert _q_rows(mixed, 1).shape[0] == len(mixed.ids[1])
+    assert _q_rows(mixed, 2).shape[0] == len(mixed.ids[2])
     assert _q_rows(mixed, 3).shape[0] == 1
-    assert _q_rows(mixed, 0) is None and _q_rows(mixed, 2) is None
+    assert _q_rows(mixed, 0) is None and _q_rows(mixed, 1) is None
 
 
 def test_a_row_without_a_rule_takes_its_kinds_first_candidate(engine: DraftEngine) -> None:
