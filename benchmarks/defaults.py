@@ -47,9 +47,10 @@ def held_out_questions(n: int, skip: int) -> list[str]:
     return pool[:n]
 
 
-def configs(draft: str, rules: list[str], builtin: bool) -> list[tuple[str, dict | None]]:
+def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True) -> list[tuple[str, dict | None]]:
     ours = {"method": "hetero", "model": draft, "num_speculative_tokens": 4}
-    out: list[tuple[str, dict | None]] = [("plain", None), ("auto", {**ours, "algorithm": "auto"})]
+    out: list[tuple[str, dict | None]] = [("plain", None)] if plain else []
+    out.append(("auto", {**ours, "algorithm": "auto"}))
     out += [(rule, {**ours, "algorithm": rule}) for rule in rules]
     if builtin:
         out.append((BUILTIN, {"method": "draft_model", "model": draft, "num_speculative_tokens": 4,
@@ -67,6 +68,8 @@ def main() -> None:
     ap.add_argument("--rules-at-t1", nargs="*", default=None,
                     help="the rules run alone at T > 0 (default: --rules)")
     ap.add_argument("--no-builtin", action="store_true")
+    ap.add_argument("--no-plain", action="store_true",
+                    help="leave plain decoding out (with --append: the cell's earlier plain runs are the baseline)")
     ap.add_argument("--batch1-prompts", type=int, default=6, help="prompts run one at a time at batch 1")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
@@ -91,7 +94,7 @@ def main() -> None:
             rules = args.rules if temp == 0 or args.rules_at_t1 is None else args.rules_at_t1
             n = bs if bs > 1 else args.batch1_prompts
             prompts = chat_prompts(targets[target], questions[:n])
-            for name, spec in configs(draft, rules, not args.no_builtin):
+            for name, spec in configs(draft, rules, not args.no_builtin, not args.no_plain):
                 job = {"target": targets[target], "prompts": prompts, "max_tokens": args.max_tokens,
                        "temperature": temp, "batch_size": bs, "speculative_config": spec,
                        "request_seeds": list(range(n)), "ignore_eos": True, "max_num_seqs": max(bs, 16),
@@ -153,6 +156,7 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
         "Each configuration in its own engine; rounds interleaved; speedup = median tok/s over plain's median, "
         "spread = min-max of the runs over plain's median. `benchmarks/defaults.py`; machine: "
         f"{meta['machine']}, {meta['date']}.",
+        *(["", meta["note"]] if meta.get("note") else []),
         "",
         "| target | batch | T | configuration | tok/s (runs) | speedup | spread | acceptance | rules chosen (auto) |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -242,6 +242,13 @@ MUTATIONS = [
         ("tests/drafter/test_budget.py",),
     ),
     Mutation(
+        "auto-shared-draft-cost", "the budget fits one drafting cost for every rule",
+        "vllm_hetero_spec/drafter/budget.py",
+        "        key = _draft_key(rules, [p > 0 for p in proposed])",
+        '        key = ""',
+        ("tests/drafter/test_budget.py",),
+    ),
+    Mutation(
         "auto-sticky", "auto runs its first candidate whatever the comparison showed",
         "vllm_hetero_spec/drafter/rule_choice.py",
         "        kind.best = max(kind.candidates, key=lambda r: kind.rates[r])",

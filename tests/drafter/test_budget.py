@@ -170,7 +170,7 @@ def test_unsteady_steps_do_not_feed_the_cost_model() -> None:
     policy = AdaptiveBudget(4)
     policy.record(["a"], [4], 0.1, 1.0)
     policy.observe(11.0, ["a", "b"], [2, 0])
-    assert policy.target.sizes == 0 and policy.draft.n == 0
+    assert policy.target.sizes == 0 and not policy.drafts
     policy.record(["a", "b"], [4, 0], 0.1, 12.0)
     policy.observe(12.5, ["a", "b"], [3, 1])
     assert list(policy.target.by_size) == [6]  # 2 rows + 4 proposals
@@ -252,7 +252,7 @@ def test_the_draft_states_catch_up_is_not_a_cost_of_k() -> None:
     simulate(policy, CPU, [ALPHA] * 4, 150, seed=10, noise=0.0)
     for k in (1, 2, 4):
         true = CPU.draft_a + k * (CPU.draft_b + CPU.draft_row * 4)
-        fitted = policy.draft.predict([k, 4 * k, 0])
+        fitted = policy.draft_fit().predict([k, 4 * k, 0])
         assert abs(fitted - true) < 0.15 * true, (k, fitted, true)
 
 
@@ -293,3 +293,18 @@ def test_a_new_request_with_a_long_prompt_still_drafts_at_batch_1() -> None:
     simulate(policy, machine, [ALPHA], 100, seed=13)
     _, chosen = simulate(policy, machine, [ALPHA], 20, seed=14, prefix="new", prompt=500)
     assert min(chosen[:3]) > 0, chosen
+
+
+def test_drafting_cost_is_fitted_per_set_of_rules() -> None:
+    """auto alternating a cheap rule and a dear one (slrs's psi tree): each keeps its own
+    cost, so the cheap one is not priced out of drafting by the other's."""
+    policy = AdaptiveBudget(4)
+    now = 0.0
+    for step in range(40):
+        rule, cost = ("tli", 0.05) if step % 2 else ("slrs", 0.5)
+        policy.record(["a"], [2], cost, now, lengths=[100 + step], rules=[rule])
+        now += 0.2
+        policy.observe(now, ["a"], [2])
+    assert policy.draft_fit("tli").predict([2, 2, 1]) == pytest.approx(0.05, abs=0.02)
+    assert policy.draft_fit("slrs").predict([2, 2, 1]) == pytest.approx(0.5, abs=0.1)
+    assert set(policy.drafts) == {"tli", "slrs"}

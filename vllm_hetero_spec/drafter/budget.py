@@ -20,7 +20,10 @@ from three models it keeps current from what each step shows:
   proposals), one curve for plain and speculative steps at every batch size, measured
   per size and interpolated between (:class:`TargetCost`);
 - **drafting**: the proposer's time, linear in k, in k x rows, and in the tokens the
-  draft states catch up on (a request's first drafting step reads its whole context).
+  draft states catch up on (a request's first drafting step reads its whole context);
+  one fit per set of rules drafting in the step (``auto``): ``slrs``'s psi tree costs
+  several times a ``tli`` step, and one shared fit made ``tli`` look that dear -- so
+  dear that the budget stopped drafting, and a step at k = 0 never corrects the fit.
 
 A draft state that has fallen behind (a new request, or one that has not drafted for a
 while) must first read what it missed, a lump that can cost many steps (measured: 32
@@ -192,11 +195,19 @@ class _Step:
     req_ids: list[str]
     proposed: dict[str, int]
     rules: dict[str, str]
+    draft_key: str
     tokens: int
     k: int
     catchup: int
     propose_s: float
     end: float
+
+
+def _draft_key(rules: list[str] | None, drafting: list[bool]) -> str:
+    """The set of rules the drafting rows use, as a key (``""`` without ``auto``)."""
+    if not rules:
+        return ""
+    return "+".join(sorted({rule for rule, d in zip(rules, drafting) if d}))
 
 
 def bucket_of(batch: int) -> int:
@@ -244,8 +255,9 @@ class AdaptiveBudget:
         self.per_request: dict[str, dict[str, tuple[np.ndarray, np.ndarray, int]]] = {}
         self.step_index = 0
         self.target = TargetCost(cost_memory)
-        # proposer seconds ~ c0 + c1 k + c2 k rows + c3 catch-up tokens (see record)
-        self.draft = LinearFit(cost_memory, features=3)
+        self.cost_memory = cost_memory
+        # per set of rules drafting: proposer seconds ~ c0 + c1 k + c2 k rows + c3 catch-up tokens (see record)
+        self.drafts: dict[str, LinearFit] = {}
         self.synced: dict[str, int] = {}  # per request: its length when it last drafted
         self.buckets: dict[int, _Bucket] = {}
         self.warmup_steps = 0
@@ -290,7 +302,7 @@ class AdaptiveBudget:
             self.target.add(last.tokens, target_s)
             if last.k > 0:
                 drafting = sum(1 for k in last.proposed.values() if k > 0)
-                self.draft.add([last.k, last.k * drafting, last.catchup], last.propose_s)
+                self.draft_fit(last.draft_key).add([last.k, last.k * drafting, last.catchup], last.propose_s)
 
     def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float,
                lengths: list[int] | None = None, rules: list[str] | None = None) -> None:
@@ -306,7 +318,8 @@ class AdaptiveBudget:
                 catchup += lengths[i] - self.synced.get(req_id, 0)
                 self.synced[req_id] = lengths[i]
         k = max(proposed, default=0)
-        self._last = _Step(list(req_ids), dict(zip(req_ids, proposed)), dict(zip(req_ids, rules or ())),
+        key = _draft_key(rules, [p > 0 for p in proposed])
+        self._last = _Step(list(req_ids), dict(zip(req_ids, proposed)), dict(zip(req_ids, rules or ())), key,
                            len(req_ids) + sum(proposed), k, catchup, propose_s, end)
         self.chosen[k] += 1
         self.last_k = k
@@ -315,6 +328,12 @@ class AdaptiveBudget:
         """A finished, aborted or preempted request."""
         self.per_request.pop(req_id, None)
         self.synced.pop(req_id, None)
+
+    def draft_fit(self, key: str = "") -> LinearFit:
+        """The drafting cost fit of one set of rules (``""``: the engine's one rule)."""
+        if key not in self.drafts:
+            self.drafts[key] = LinearFit(self.cost_memory, features=3)
+        return self.drafts[key]
 
     def _overall(self, rule: str) -> tuple[np.ndarray, np.ndarray]:
         """The counts of every request under ``rule`` (updated in place)."""
@@ -354,20 +373,23 @@ class AdaptiveBudget:
     def ready(self) -> bool:
         """Both cost models have something to go on: the warm-up's three step sizes (two
         when k <= 1) and a drafting step."""
-        return self.target.sizes >= min(len(_WARMUP), self.max_tokens + 1) and self.draft.n > 0
+        return self.target.sizes >= min(len(_WARMUP), self.max_tokens + 1) and any(f.n > 0 for f in self.drafts.values())
 
-    def rates(self, rows: int, gain: np.ndarray, drafting: int, lump: float = 0.0, spread: float = 1.0) -> list[float]:
+    def rates(self, rows: int, gain: np.ndarray, drafting: int, lump: float = 0.0, spread: float = 1.0,
+              draft_key: str = "") -> list[float]:
         """Expected tokens per second for k = 0..max_tokens; ``gain[j]``: the sum over
-        rows of P_r(j + 1), ``drafting`` rows draft. The draft states' catch-up is priced
-        at its steady size, the tokens the step will emit, plus ``lump`` tokens they
-        have fallen behind by, divided by ``spread``."""
+        rows of P_r(j + 1), ``drafting`` rows draft (with the rules ``draft_key`` names).
+        The draft states' catch-up is priced at its steady size, the tokens the step
+        will emit, plus ``lump`` tokens they have fallen behind by, divided by ``spread``.
+        A set of rules never timed drafts for free until it is: one step times it."""
+        fit = self.draft_fit(draft_key)
         out = []
         for k in range(self.max_tokens + 1):
             emitted = rows + float(gain[:k].sum())
             cost = self.target.predict(rows + k * drafting)
             if k > 0:
                 steady = drafting + float(gain[:k].sum())
-                cost += max(self.draft.predict([k, k * drafting, steady + lump / spread]), 0.0)
+                cost += max(fit.predict([k, k * drafting, steady + lump / spread]), 0.0)
             out.append(emitted / max(cost, 1e-6))
         return out
 
@@ -393,7 +415,8 @@ class AdaptiveBudget:
         # request that drafted last step has to read anyway (the steady catch-up).
         lump = 0.0 if lengths is None else float(sum(
             max(n - self.synced.get(r, 0) - 1, 0) for r, n, d in zip(req_ids, lengths, drafting) if d))
-        rates = self.rates(rows, gain, n_drafting, lump, self.horizon)
+        key = _draft_key(rules, drafting)
+        rates = self.rates(rows, gain, n_drafting, lump, self.horizon, key)
         best = int(np.argmax(rates[self.min_tokens :])) + self.min_tokens
         if best > 0 and self.min_tokens == 0 and rates[best] < (1 + self.margin) * rates[0]:
             # A gain this small is inside the model's error, and drafting has a cost the
@@ -405,7 +428,7 @@ class AdaptiveBudget:
             probe = max(self.min_tokens, min(self.max_tokens, probe))
             # What the probe is expected to lose against `best`: the time its tokens
             # take beyond what they would at best's rate, its catch-up lump paid now.
-            now = self.rates(rows, gain, n_drafting, lump)
+            now = self.rates(rows, gain, n_drafting, lump, draft_key=key)
             emitted = rows + float(gain[:probe].sum())
             loss = max(emitted / now[probe] - emitted / rates[best], 0.0)
             if loss <= self.allowance:
