@@ -306,12 +306,11 @@ class AdaptiveBudget:
 
     def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float,
                lengths: list[int] | None = None, rules: list[str] | None = None) -> None:
-        """What this step proposed per row (every row of the batch, 0 for none), with
-        which rule (``auto``), how
-        long proposing took, when it ended, and each row's length (prompt + output):
-        the tokens a drafting row's draft state had to catch up on since it last drafted
-        (its whole context the first time) are a cost of their own, which must not pass
-        for the cost of drafting k."""
+        """What this step proposed per row (every row of the batch, 0 for none) and with
+        which rule (``auto``), how long proposing took, when it ended, and each row's
+        length (prompt + output): the tokens a drafting row's draft state had to catch up
+        on since it last drafted (its whole context the first time) are a cost of their
+        own, which must not pass for the cost of drafting k."""
         catchup = 0
         for i, (req_id, k) in enumerate(zip(req_ids, proposed)):
             if k > 0 and lengths is not None:
