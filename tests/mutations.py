@@ -251,8 +251,8 @@ MUTATIONS = [
     Mutation(
         "auto-sticky", "auto runs its first candidate whatever the comparison showed",
         "vllm_hetero_spec/drafter/rule_choice.py",
-        "        kind.best = max(kind.candidates, key=lambda r: kind.rates[r])",
-        "        kind.best = kind.candidates[0]",
+        "            kind.best = challenger",
+        "            pass",
         ("tests/drafter/test_rule_choice.py",),
     ),
     Mutation(

@@ -115,3 +115,14 @@ def test_a_single_candidate_is_always_chosen() -> None:
     chooser = RuleChooser(("tli",), ("tli",), window=1, min_steps=1, run_steps=1)
     sim = Sim(chooser, {"tli": 1.0})
     assert {r for _ in range(10) for r in sim.step(["a", "b"], [0.0, 1.0])} == {"tli"}
+
+
+def test_a_close_challenger_does_not_replace_the_incumbent() -> None:
+    """The listed order is the measured prior: a challenger 5% faster (inside what a few
+    dozen steps resolve) leaves it; one 25% faster replaces it."""
+    for tli_seconds, winner in ((0.95, "slem"), (0.8, "tli")):
+        chooser = RuleChooser(("slem", "tli"), ("tli",), window=8, min_steps=8, switch_margin=0.1)
+        sim = Sim(chooser, {"slem": 1.0, "tli": tli_seconds})
+        for _ in range(30):
+            sim.step(["a"], [0.0])
+        assert not chooser.kinds["greedy"].comparing and chooser.kinds["greedy"].best == winner
