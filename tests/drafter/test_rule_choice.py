@@ -92,20 +92,18 @@ def test_kinds_choose_apart_and_a_batch_mixes_rules() -> None:
     assert {r[0] for r in sim.log} == {"slem", "tli"}
 
 
-@pytest.mark.parametrize("case", ["prefill", "newcomer", "undrafted"])
+@pytest.mark.parametrize("case", ["prefill", "newcomer"])
 def test_steps_that_say_nothing_about_the_rule_are_not_counted(case: str) -> None:
     chooser = RuleChooser(("slem", "tli"), ("tli",), window=2, min_steps=2)
     sim = Sim(chooser, {"slem": 1.0, "tli": 1.0})
-    sim.step(["a"], [0.0], proposed=0 if case == "undrafted" else 2)
+    sim.step(["a"], [0.0])
     for _ in range(10):
         if case == "prefill":
             sim.step(["a"], [0.0], sampled=[0])
-        elif case == "newcomer":
+        else:
             sim.chooser.observe(sim.now, ["a", "b"], [2, 2])
             sim.chooser.record(["a"], [0.0], ["slem"], [2])
             sim.now += 1.0
-        else:
-            sim.step(["a"], [0.0], proposed=0)
     kind = chooser.kinds["greedy"]
     assert all(t.steps == 0 for t in kind.tallies.values()) and kind.comparing
     assert kind.current == "slem"
@@ -126,3 +124,18 @@ def test_a_close_challenger_does_not_replace_the_incumbent() -> None:
         for _ in range(30):
             sim.step(["a"], [0.0])
         assert not chooser.kinds["greedy"].comparing and chooser.kinds["greedy"].best == winner
+
+
+def test_a_rule_the_budget_will_not_draft_is_measured_at_plain_speed() -> None:
+    """The budget may leave a dear rule's turns undrafted (k = 0): those steps still end
+    the turn, at what they emit (one token per row), so the comparison never stalls."""
+    chooser = RuleChooser(("tli", "slrs"), ("tli",), window=6, min_steps=6, switch_margin=0.1)
+    now = 0.0
+    for _ in range(30):
+        chooser.observe(now, ["a"], [1 if chooser._last and chooser._last.proposed[0] == 0 else 3])
+        rule = chooser.choose([0.0])[0]
+        chooser.record(["a"], [0.0], [rule], [0 if rule == "slrs" else 3])
+        now += 1.0
+    kind = chooser.kinds["greedy"]
+    assert not kind.comparing and kind.best == "tli"
+    assert kind.rates == pytest.approx({"tli": 3.0, "slrs": 1.0})

@@ -10,8 +10,9 @@ Requests are split by their sampling into two kinds, greedy (T = 0) and sampled,
 with its own candidate rules (``auto_greedy``, ``auto_sampled``). Within a kind, every
 request of a step drafts with the same rule. A kind alternates between two phases:
 
-- **Compare.** The candidates take turns, one *informative* step each (a step that
-  drafted and was steady: nobody joined, nobody prefilled), until each has had
+- **Compare.** The candidates take turns, one *informative* step each (a steady step:
+  nobody joined, nobody prefilled; drafted or not, since a rule the draft budget will
+  not draft with runs at plain speed, and that is its measure), until each has had
   ``window`` steps -- or ``min_steps`` each, when the incumbent (the rule running, at
   first the first listed) already leads every other by more than ``decisive``. Taking turns step by step compares the rules on
   the same stretch of text: a first version ran each rule for blocks of 8 steps, and
@@ -125,8 +126,11 @@ class RuleChooser:
         emitted = dict(zip(req_ids, sampled))
         for name, kind in self.kinds.items():
             rows = [i for i, k in enumerate(last.kinds) if k == name]
-            if not any(last.proposed[i] > 0 for i in rows):
-                continue  # nothing drafted: the step says nothing about the rule
+            if not rows:
+                continue
+            # A step the budget left undrafted counts too: a rule the budget will not
+            # draft with runs at plain speed, and that is its measure. (Skipping such
+            # steps stalled a comparison on slrs's turn for dozens of plain steps.)
             tokens = sum(emitted.get(last.req_ids[i], 0) for i in rows)
             self._learn(kind, last.rules[rows[0]], tokens, seconds)
 
