@@ -178,7 +178,8 @@ def plot(runs: list[dict], name: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in summarize(runs) if r["config"] != "plain" and r["speedup"] is not None]
+    rows = [r for r in summarize(runs)
+            if r["config"] != "plain" and "superseded" not in r["config"] and r["speedup"] is not None]
     cells = list(dict.fromkeys((r["target"], r["batch_size"], r["temperature"]) for r in rows))
     if not cells:
         return

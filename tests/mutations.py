@@ -249,6 +249,13 @@ MUTATIONS = [
         ("tests/drafter/test_budget.py",),
     ),
     Mutation(
+        "auto-count-transition", "auto counts a turn's first step, which pays the previous rule's catch-up",
+        "vllm_hetero_spec/drafter/rule_choice.py",
+        "        if kind.turn % 2:  # a turn's second step: free of the previous rule's catch-up",
+        "        if True:",
+        ("tests/drafter/test_rule_choice.py",),
+    ),
+    Mutation(
         "auto-sticky", "auto runs its first candidate whatever the comparison showed",
         "vllm_hetero_spec/drafter/rule_choice.py",
         "            kind.best = challenger",
@@ -256,10 +263,10 @@ MUTATIONS = [
         ("tests/drafter/test_rule_choice.py",),
     ),
     Mutation(
-        "auto-blocks", "auto compares rules in blocks of steps instead of turn by turn",
+        "auto-blocks", "auto compares rules in blocks of 16 steps instead of turns of two",
         "vllm_hetero_spec/drafter/rule_choice.py",
-        "            return self.candidates[self.turn % len(self.candidates)]",
-        "            return self.candidates[self.turn // 8 % len(self.candidates)]",
+        "            return self.candidates[self.turn // 2 % len(self.candidates)]",
+        "            return self.candidates[self.turn // 16 % len(self.candidates)]",
         ("tests/drafter/test_rule_choice.py",),
     ),
 ]
