@@ -102,7 +102,7 @@ class RuleChooser:
     :meth:`choose` (the rule per row), then :meth:`record` (what was proposed)."""
 
     def __init__(self, greedy: tuple[str, ...], sampled: tuple[str, ...], *, window: int = 24, min_steps: int = 10,
-                 decisive: float = 0.25, switch_margin: float = 0.1, run_steps: int = 192, memory: float = 0.5):
+                 decisive: float = 0.25, switch_margin: float = 0.1, run_steps: int = 512, memory: float = 0.5):
         self.kinds = {GREEDY: _Kind(tuple(greedy)), SAMPLED: _Kind(tuple(sampled))}
         self.window = window
         self.min_steps = min_steps
