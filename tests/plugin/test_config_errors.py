@@ -38,6 +38,10 @@ def _engine_config(target: str, spec):
         ({"executor": "ray", "pipeline": "yes"}, "'pipeline'"),
         ({"executor": "ray", "max_branches": 0}, "'max_branches'"),
         ({"executor": "ray", "ray_address": ""}, "'ray_address'"),
+        ({"executor": "ray", "ray_resources": {"drafter": 0}}, "'ray_resources'"),
+        ({"executor": "ray", "ray_resources": {}}, "'ray_resources'"),
+        ({"executor": "ray", "ray_resources": ["drafter"]}, "'ray_resources'"),
+        ({"ray_resources": {"drafter": 1}}, "'ray_resources'"),  # a Ray-only key without the Ray executor
         ({"executor": "ray", "min_speculative_tokens": 5}, "'min_speculative_tokens'"),
         ({"draft_kv_pool_mb": 0}, "'draft_kv_pool_mb'"),
         ({"draft_kv_pool_mb": "big"}, "'draft_kv_pool_mb'"),

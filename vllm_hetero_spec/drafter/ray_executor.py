@@ -11,7 +11,8 @@ starting, runs without drafts (plain decoding is always correct). A dead actor, 
 silent for ``HANG_TIMEOUTS`` x ``ray_timeout_s``, is killed and replaced with back-off;
 the new actor rebuilds each request's draft state from its committed tokens. The
 actor's process is owned by Ray; the cluster is shut down with the engine when this
-process started it, and left alone when it joined an existing one (``ray_address``).
+process started it, and left alone when it joined an existing one (``ray_address`` or
+``RAY_ADDRESS``; ``ray_resources`` places the actor on the nodes that offer them).
 """
 
 from __future__ import annotations
@@ -130,6 +131,12 @@ def _add(a: DrafterStats, b: DrafterStats) -> DrafterStats:
     return DrafterStats(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in dataclasses.fields(a)})
 
 
+def cluster_address(settings: HeteroSettings) -> str | None:
+    """The cluster to join: ``ray_address``, else ``RAY_ADDRESS`` (how ``ray start`` and
+    Ray's own tools name a running cluster), else none (the engine starts its own)."""
+    return settings.ray_address or os.environ.get("RAY_ADDRESS") or None
+
+
 class RayExecutor:
     """Client side: owns the actor, the timeouts and restarts."""
 
@@ -139,21 +146,24 @@ class RayExecutor:
         self._args = (settings.to_dict(), target_tokenizer, target_vocab, seed)
         self._owns_ray = False
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "namespace": NAMESPACE}
-            if settings.ray_address:
-                kwargs["address"] = settings.ray_address
+            kwargs: dict[str, Any] = {"log_to_driver": False, "namespace": NAMESPACE}
+            address = cluster_address(settings)
+            if address:
+                kwargs["address"] = address
             else:
-                # "local", not None: None would silently join whatever RAY_ADDRESS or a
-                # stale /tmp/ray session points at.
-                kwargs.update(address="local", num_cpus=settings.ray_num_cpus, object_store_memory=128 << 20)
+                # "local", not None: None would silently join a stale /tmp/ray session.
+                kwargs.update(address="local", num_cpus=settings.ray_num_cpus, object_store_memory=128 << 20,
+                              include_dashboard=False)
             ray.init(**kwargs)
             self._owns_ray = True
+            logger.info("hetero spec: drafter actor on %s", f"Ray cluster {address}" if address else "a local Ray cluster")
         # OMP_NUM_THREADS for every thread of the actor, not only the one torch's
         # set_num_threads ran in: the actor's calls run in Ray's threads, and vLLM's CPU
         # attention checks that its scheduler metadata (built with torch's thread count)
         # and its kernel (OpenMP's count for the calling thread) agree.
         self._remote = ray.remote(
-            num_cpus=settings.ray_num_cpus, max_restarts=0, max_task_retries=0, max_concurrency=2,
+            num_cpus=settings.ray_num_cpus, resources=dict(settings.ray_resources or {}),
+            max_restarts=0, max_task_retries=0, max_concurrency=2,
             runtime_env={"env_vars": {"OMP_NUM_THREADS": str(settings.ray_threads)}},
         )(DraftActor)
         self._base = DrafterStats()  # counters of replaced actors
