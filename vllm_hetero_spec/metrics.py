@@ -8,7 +8,10 @@ per update: nothing on the hot path but a memory write) plus a JSON sidecar with
 labels, in a directory chosen by the first process that loads the plugin and inherited by
 the processes it starts. A collector registered in every process reads the directory
 at scrape time, keeping only live workers that descend from its own process (so one
-server never reports another engine's workers, or a finished engine's last values). Counters are monotonic per worker; gauges describe the worker's current
+server never reports another engine's workers, or a finished engine's last values), or
+whose spawner does: a worker of vLLM's Ray executor is a child of Ray's raylet, and
+names the engine process that started it through the environment (workers on other
+hosts write boards the server cannot read: their ``hetero:*`` series are missing). Counters are monotonic per worker; gauges describe the worker's current
 state; every sample carries the worker's ``pid`` label (tensor-parallel ranks each
 report, sum or max them as needed).
 """
@@ -28,7 +31,13 @@ import psutil
 
 from vllm_hetero_spec.config import LOSSLESS_RULES
 
-DIR_ENV = "HETERO_SPEC_METRICS_DIR"
+# Both names start with VLLM_ because vLLM's Ray executor copies the VLLM_* variables of
+# the engine's process to its Ray workers (vllm/ray/ray_env.py, 0.32.0): a Ray worker is
+# not a child of the server, but with these it writes where the server reads and names
+# the process that started it.
+DIR_ENV = "VLLM_HETERO_SPEC_METRICS_DIR"
+SPAWNER_ENV = "VLLM_HETERO_SPEC_METRICS_SPAWNER"
+_spawner: str | None = None  # this process's starter (by SPAWNER_ENV), read on first use
 
 #: name -> help; exported as ``hetero:<name>_total``.
 COUNTERS: dict[str, str] = {
@@ -74,6 +83,7 @@ _INDEX = {name: i for i, name in enumerate(SLOTS)}
 def metrics_dir() -> Path:
     """This server's metrics directory, created (and removed at exit) by the first
     process to ask; child processes inherit it through the environment."""
+    _note_spawner()
     existing = os.environ.get(DIR_ENV)
     if existing:
         return Path(existing)
@@ -83,14 +93,25 @@ def metrics_dir() -> Path:
     return path
 
 
+def _note_spawner() -> None:
+    """Keep the spawner this process inherited, then name itself to the processes it
+    starts (once per process, before it starts any: the plugin loads first)."""
+    global _spawner
+    if os.environ.get(SPAWNER_ENV) != str(os.getpid()):
+        _spawner = os.environ.get(SPAWNER_ENV)
+        os.environ[SPAWNER_ENV] = str(os.getpid())
+
+
 class MetricsBoard:
     """One worker's slots. ``add`` for counters, ``set`` for gauges."""
 
     def __init__(self, labels: dict[str, str], directory: Path | None = None):
+        _note_spawner()
         directory = directory or metrics_dir()
         directory.mkdir(parents=True, exist_ok=True)
         stem = directory / f"worker-{os.getpid()}"
-        (stem.with_suffix(".json")).write_text(json.dumps({"labels": labels, "slots": list(SLOTS)}))
+        meta = {"labels": labels, "slots": list(SLOTS), "spawner": _spawner}
+        (stem.with_suffix(".json")).write_text(json.dumps(meta))
         self._values = np.memmap(stem.with_suffix(".bin"), dtype=np.float64, mode="w+", shape=(len(SLOTS),))
 
     def add(self, name: str, value: float) -> None:
@@ -98,6 +119,14 @@ class MetricsBoard:
 
     def set(self, name: str, value: float) -> None:
         self._values[_INDEX[name]] = value
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: its exit is only not yet collected)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _descends_from(pid: int, ancestor: int) -> bool:
@@ -116,19 +145,24 @@ def _descends_from(pid: int, ancestor: int) -> bool:
 def read_boards(directory: Path, owner: int | None = None) -> list[tuple[dict[str, str], dict[str, float]]]:
     """Every worker's labels and values in ``directory`` (skips half-written files).
 
-    With ``owner``, only live workers started by that process (or the process itself):
+    With ``owner``, only live workers started by that process (or the process itself),
+    directly or -- a Ray worker, whose parent is Ray's -- through a spawner that is:
     the directory is inherited by every process a plugin-loading parent starts, so
     several engines (one after another, or side by side) may write boards there, and a
     finished engine's board keeps its last values."""
     out = []
     for meta in sorted(directory.glob("worker-*.json")):
         pid = meta.stem.removeprefix("worker-")
-        if owner is not None and not (pid.isdigit() and _descends_from(int(pid), owner)):
+        if owner is not None and not (pid.isdigit() and _alive(int(pid))):
             continue
         try:
             info = json.loads(meta.read_text())
             values = np.fromfile(meta.with_suffix(".bin"), dtype=np.float64)
         except (OSError, ValueError):
+            continue
+        spawner = str(info.get("spawner") or "")
+        if owner is not None and not (_descends_from(int(pid), owner)
+                                      or (spawner.isdigit() and _descends_from(int(spawner), owner))):
             continue
         slots = info["slots"]
         if len(values) != len(slots):

@@ -53,3 +53,51 @@ def test_the_collector_reports_only_its_own_live_workers(tmp_path) -> None:
         "hetero:request_states", {"algorithm": "tli", "pid": str(os.getpid())}
     ) == 2
     assert registry.get_sample_value("hetero:request_states", {"algorithm": "tli", "pid": "1"}) is None
+
+
+_ORPHAN = """
+import os, subprocess, sys
+if sys.argv[1] == "parent":  # start the writer in a new session and exit: init adopts it
+    p = subprocess.Popen([sys.executable, "-c", sys.argv[2], "writer", sys.argv[3]], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    print(p.stdout.readline().decode().strip(), flush=True)
+else:
+    from pathlib import Path
+    from vllm_hetero_spec.metrics import MetricsBoard
+    MetricsBoard({"algorithm": "tli"}, Path(sys.argv[2])).set("request_states", 5)
+    print(os.getpid(), flush=True)
+    sys.stdout.close()
+    import time; time.sleep(120)
+"""
+
+
+def _orphan_board(directory, spawner: str) -> int:
+    """A board written by a process that is not this one's descendant (as a Ray worker
+    is not the server's), started with ``spawner`` as its inherited spawner."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "VLLM_HETERO_SPEC_METRICS_SPAWNER": spawner}
+    out = subprocess.run([sys.executable, "-c", _ORPHAN, "parent", _ORPHAN, str(directory)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    return int(out.stdout.strip())
+
+
+def test_a_worker_outside_the_process_tree_counts_through_its_spawner(tmp_path) -> None:
+    """vLLM's Ray executor starts workers as Ray actors, children of Ray's raylet, not
+    of the server: a board counts when its writer's spawner descends from the server,
+    and not when it names a stranger."""
+    import psutil
+
+    ours = _orphan_board(tmp_path, str(os.getpid()))
+    stranger = _orphan_board(tmp_path / "x", "1")
+    for suffix in (".json", ".bin"):
+        (tmp_path / "x" / f"worker-{stranger}{suffix}").rename(tmp_path / f"worker-{stranger}{suffix}")
+    try:
+        assert not any(p.pid in (ours, stranger) for p in psutil.Process().children(recursive=True))
+        read = {labels["pid"] for labels, _ in read_boards(tmp_path, owner=os.getpid())}
+        assert read == {str(ours)}
+    finally:
+        for pid in (ours, stranger):
+            psutil.Process(pid).kill()
+    assert read_boards(tmp_path, owner=os.getpid()) == []  # a dead worker's board is left out

@@ -1,0 +1,52 @@
+"""`vllm serve --data-parallel-size 2`: two engines behind one API server, each with its
+own drafter, under vLLM's default flags.
+
+vLLM's data-parallel coordinator spreads requests over the two engine processes; each
+loads the plugin, builds its proposer and reports its own ``hetero:*`` board. Greedy
+outputs must equal the shared plain single-engine server's (``conftest.py``), both
+engines must have drafted (their boards carry distinct ``pid`` labels), and no request
+may fail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from _serving import complete, launch, parallel
+
+from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+
+JOBS = [(BRIDGE_STRESS[i % len(BRIDGE_STRESS)], 24) for i in range(12)]
+
+
+def _per_pid(metrics: dict[str, float], name: str) -> dict[str, float]:
+    """``name``'s samples keyed by their ``pid`` label."""
+    out = {}
+    for key, value in metrics.items():
+        if key.split("{", 1)[0] == name:
+            pid = re.search(r'pid="(\d+)"', key)
+            out[pid.group(1) if pid else ""] = value
+    return out
+
+
+def test_dp2_server_identical_and_both_engines_draft(plain_server, qwen05: str, smollm2: str,
+                                                    tmp_path: Path) -> None:
+    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli"}
+    dp = launch(qwen05, ["--data-parallel-size", "2", "--speculative-config", json.dumps(spec)],
+                tmp_path / "dp2.log")
+    try:
+        plain = plain_server.wait_ready()
+        want = parallel(lambda p, n: complete(plain, p, n), JOBS)
+        dp.wait_ready()
+        got = parallel(lambda p, n: complete(dp, p, n), JOBS)
+        assert got == want
+        metrics = dp.metrics()
+        steps = _per_pid(metrics, "hetero:steps_total")
+        proposed = _per_pid(metrics, "hetero:proposed_tokens_total")
+        assert len(steps) == 2, f"expected one hetero board per engine, got {steps}"
+        assert all(v > 0 for v in proposed.values()) and len(proposed) == 2, proposed
+        assert sum(v for k, v in metrics.items() if k.startswith("hetero:fallbacks_total")) == 0
+    finally:
+        dp.stop()
