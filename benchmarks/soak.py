@@ -40,7 +40,7 @@ import psutil
 
 from vllm_hetero_spec.harness.models import ensure_model
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS, spec_bench_questions
-from vllm_hetero_spec.harness.server_process import ServerProcess
+from vllm_hetero_spec.harness.server_process import ServerProcess, stream_and_abandon
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "results"
@@ -83,14 +83,7 @@ def send(server: ServerProcess, job: dict) -> dict:
     kwargs = {"model": server.model, "prompt": job["prompt"], "max_tokens": job["max_tokens"], "temperature": 0.0}
     kwargs.update({k: job[k] for k in ("temperature", "top_p", "extra_body") if k in job})
     if job["kind"] == "abort":
-        stream = api.completions.create(stream=True, **kwargs)
-        chunks = 0
-        for _ in stream:
-            chunks += 1
-            if chunks == 3:
-                break
-        stream.close()
-        return {"chunks": chunks}
+        return {"chunks": stream_and_abandon(api, 3, **kwargs)}
     try:
         text = api.completions.create(**kwargs).choices[0].text
         return {"status": 200, "text": text}

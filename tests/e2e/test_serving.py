@@ -20,7 +20,7 @@ from _serving import COMMON, MAX_MODEL_LEN, chat, client, complete, launch, para
 
 from vllm_hetero_spec.harness.evaluation import default_env
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
-from vllm_hetero_spec.harness.server_process import ServerProcess, vllm_command
+from vllm_hetero_spec.harness.server_process import ServerProcess, stream_and_abandon, vllm_command
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,17 +75,8 @@ def test_aborted_streams_leave_no_draft_state(servers) -> None:
     _, hetero = servers
 
     def read_then_disconnect(i: int) -> int:
-        stream = client(hetero).completions.create(
-            model=hetero.model, prompt=BRIDGE_STRESS[i % len(BRIDGE_STRESS)], max_tokens=200, temperature=0.0,
-            stream=True,
-        )
-        seen = 0
-        for _ in stream:
-            seen += 1
-            if seen == 3:
-                break
-        stream.close()
-        return seen
+        return stream_and_abandon(client(hetero), 3, model=hetero.model, prompt=BRIDGE_STRESS[i % len(BRIDGE_STRESS)],
+                                  max_tokens=200, temperature=0.0)
 
     assert parallel(read_then_disconnect, [(i,) for i in range(8)]) == [3] * 8
     assert wait_for_metric(hetero, "hetero:request_states", 0) == 0

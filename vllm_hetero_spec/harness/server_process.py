@@ -133,3 +133,17 @@ class ServerProcess:
 
 def spec_arg(spec: dict[str, Any]) -> list[str]:
     return ["--speculative-config", json.dumps(spec)]
+
+
+def stream_and_abandon(api: Any, chunks: int, **kwargs: Any) -> int:
+    """Stream a completion from the OpenAI client ``api`` and close the connection after
+    ``chunks`` chunks, as a client that goes away does (vLLM aborts the request); returns
+    how many chunks came."""
+    stream = api.completions.create(stream=True, **kwargs)
+    seen = 0
+    for _ in stream:
+        seen += 1
+        if seen == chunks:
+            break
+    stream.close()
+    return seen
