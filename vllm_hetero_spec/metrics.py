@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -172,6 +173,16 @@ def read_boards(directory: Path, owner: int | None = None) -> list[tuple[dict[st
     return out
 
 
+def server_pid() -> int:
+    """The process whose descendants are this server's engines: this one, or, in an API
+    server process of several (vLLM starts ``ApiServer_<i>`` processes for data
+    parallelism or ``--api-server-count``, vLLM 0.32.0 ``v1/utils.py``), the launcher
+    that started them and the engines alike."""
+    if multiprocessing.current_process().name.startswith("ApiServer_"):
+        return os.getppid()
+    return os.getpid()
+
+
 class BoardCollector:
     """A prometheus_client collector over :func:`read_boards` (read at scrape time)."""
 
@@ -181,7 +192,7 @@ class BoardCollector:
     def collect(self) -> Iterator[object]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        boards = read_boards(self.directory, owner=os.getpid())
+        boards = read_boards(self.directory, owner=server_pid())
         label_names = sorted({k for labels, _ in boards for k in labels})
         families = [(CounterMetricFamily, name, doc) for name, doc in COUNTERS.items()]
         families += [(GaugeMetricFamily, name, doc) for name, doc in GAUGES.items()]

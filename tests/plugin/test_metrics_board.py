@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -100,4 +101,29 @@ def test_a_worker_outside_the_process_tree_counts_through_its_spawner(tmp_path) 
     finally:
         for pid in (ours, stranger):
             psutil.Process(pid).kill()
+    deadline = time.monotonic() + 30  # a kill lands a moment later
+    while read_boards(tmp_path, owner=os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert read_boards(tmp_path, owner=os.getpid()) == []  # a dead worker's board is left out
+
+
+def _report_server_pid(queue) -> None:
+    from vllm_hetero_spec.metrics import server_pid
+
+    queue.put((server_pid(), os.getppid(), os.getpid()))
+
+
+def test_an_api_server_of_several_reports_its_launchers_engines() -> None:
+    """With several API server processes (data parallel), the engines are the
+    launcher's children, not the API server's: the collector reads on the launcher's
+    behalf."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    for name, want_parent in (("ApiServer_1", True), ("EngineCore_DP0", False)):
+        proc = ctx.Process(target=_report_server_pid, args=(queue,), name=name)
+        proc.start()
+        pid, parent, own = queue.get(timeout=120)
+        proc.join()
+        assert pid == (parent if want_parent else own)
