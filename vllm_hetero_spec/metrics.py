@@ -10,7 +10,8 @@ the processes it starts. A collector registered in every process reads the direc
 at scrape time, keeping only live workers that descend from its own process (so one
 server never reports another engine's workers, or a finished engine's last values), or
 whose spawner does: a worker of vLLM's Ray executor is a child of Ray's raylet, and
-names the engine process that started it through the environment (workers on other
+names the engine process that started it through the environment, which vLLM copies
+to it (workers on other
 hosts write boards the server cannot read: their ``hetero:*`` series are missing). Counters are monotonic per worker; gauges describe the worker's current
 state; every sample carries the worker's ``pid`` label (tensor-parallel ranks each
 report, sum or max them as needed).
@@ -32,12 +33,14 @@ import psutil
 
 from vllm_hetero_spec.config import LOSSLESS_RULES
 
-# Both names start with VLLM_ because vLLM's Ray executor copies the VLLM_* variables of
-# the engine's process to its Ray workers (vllm/ray/ray_env.py, 0.32.0): a Ray worker is
-# not a child of the server, but with these it writes where the server reads and names
-# the process that started it.
-DIR_ENV = "VLLM_HETERO_SPEC_METRICS_DIR"
-SPAWNER_ENV = "VLLM_HETERO_SPEC_METRICS_SPAWNER"
+DIR_ENV = "HETERO_SPEC_METRICS_DIR"
+SPAWNER_ENV = "HETERO_SPEC_METRICS_SPAWNER"
+# vLLM's Ray executor copies to its Ray workers only the variables it knows of, plus
+# those named in this one (vllm/ray/ray_env.py, 0.32.0). A Ray worker is not a child of
+# the server; with ours copied it writes where the server reads and names the process
+# that started it. (Names starting with VLLM_ would be copied too, but vLLM warns about
+# every unknown VLLM_ variable in every process.)
+RAY_COPY_ENV = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
 _spawner: str | None = None  # this process's starter (by SPAWNER_ENV), read on first use
 
 #: name -> help; exported as ``hetero:<name>_total``.
@@ -101,6 +104,8 @@ def _note_spawner() -> None:
     if os.environ.get(SPAWNER_ENV) != str(os.getpid()):
         _spawner = os.environ.get(SPAWNER_ENV)
         os.environ[SPAWNER_ENV] = str(os.getpid())
+        listed = [name for name in os.environ.get(RAY_COPY_ENV, "").split(",") if name.strip()]
+        os.environ[RAY_COPY_ENV] = ",".join(dict.fromkeys([*listed, DIR_ENV, SPAWNER_ENV]))
 
 
 class MetricsBoard:

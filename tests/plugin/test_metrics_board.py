@@ -7,7 +7,16 @@ import time
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from vllm_hetero_spec.metrics import COUNTERS, GAUGES, BoardCollector, MetricsBoard, read_boards
+from vllm_hetero_spec.metrics import (
+    COUNTERS,
+    DIR_ENV,
+    GAUGES,
+    SPAWNER_ENV,
+    BoardCollector,
+    MetricsBoard,
+    metrics_dir,
+    read_boards,
+)
 
 
 def test_board_values_reach_the_exposition(tmp_path) -> None:
@@ -78,7 +87,7 @@ def _orphan_board(directory, spawner: str) -> int:
     import subprocess
     import sys
 
-    env = {**os.environ, "VLLM_HETERO_SPEC_METRICS_SPAWNER": spawner}
+    env = {**os.environ, SPAWNER_ENV: spawner}
     out = subprocess.run([sys.executable, "-c", _ORPHAN, "parent", _ORPHAN, str(directory)], env=env,
                          capture_output=True, text=True, timeout=120, check=True)
     return int(out.stdout.strip())
@@ -127,3 +136,18 @@ def test_an_api_server_of_several_reports_its_launchers_engines() -> None:
         pid, parent, own = queue.get(timeout=120)
         proc.join()
         assert pid == (parent if want_parent else own)
+
+
+def test_vllms_ray_executor_copies_the_metrics_variables(monkeypatch) -> None:
+    """vLLM's Ray executor hands its Ray workers only the variables it copies
+    (``get_env_vars_to_copy``): the metrics directory and the spawner must be among them,
+    whatever the user listed there already."""
+    from vllm.ray.ray_env import get_env_vars_to_copy
+
+    import vllm_hetero_spec.metrics as metrics
+
+    monkeypatch.setenv("VLLM_RAY_EXTRA_ENV_VARS_TO_COPY", "MY_VAR")
+    monkeypatch.delenv(SPAWNER_ENV, raising=False)
+    monkeypatch.setattr(metrics, "_spawner", None)
+    metrics_dir()
+    assert {DIR_ENV, SPAWNER_ENV, "MY_VAR"} <= get_env_vars_to_copy()
