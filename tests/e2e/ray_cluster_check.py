@@ -7,6 +7,11 @@ engine's own would have no such resource, so the actor could not be placed and n
 draft would come: drafts prove the engine joined the cluster. Greedy outputs must equal
 the target's alone, and the cluster must outlive the engine (it is not the engine's to
 stop).
+
+Not in the suite: passed alone (2 tests, 4:53), but in the whole suite's e2e pass the
+engine's ``ray.init`` failed to connect to the cluster's GCS
+(``AuthenticationError: InvalidAuthToken``), not yet understood. Run it by hand:
+``bash scripts/test.sh tests/e2e/ray_cluster_check.py``.
 """
 
 from __future__ import annotations
