@@ -154,7 +154,7 @@ def main() -> int:
                 "bad": len(bad), "bad_400": sum(g.get("status") == 400 for _, g in bad),
                 "bad_statuses": sorted({f"{j['what']}: {g.get('status')}" for j, g in bad}),
                 "aborted": len(aborted), "aborted_cut_short": sum(0 < g["chunks"] <= 3 for g in aborted),
-                "healthy": ours.alive() and _healthy(ours), "gauges_after": gauges,
+                "healthy": ours.alive() and ours.healthy(timeout=10), "gauges_after": gauges,
                 "fallbacks": ours.metric_sum("hetero:fallbacks_total"),
                 "accepted_tokens": ours.metric_sum("vllm:spec_decode_num_accepted_tokens_total"),
                 "rss_mb": rss_mb(ours),
@@ -182,16 +182,6 @@ def main() -> int:
     for name, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}  {name}")
     return 0 if all(checks.values()) else 1
-
-
-def _healthy(server: ServerProcess) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{server.url}/health", timeout=10) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,21 +26,16 @@ import pytest
 
 from vllm_hetero_spec.harness.evaluation import run_isolated_many
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from vllm_hetero_spec.harness.server_process import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A one-node Ray cluster offering one ``drafter``; its address. Stopped afterwards."""
     temp = tmp_path_factory.mktemp("ray")
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     start = [RAY, "start", "--head", f"--port={address.split(':')[1]}", "--node-ip-address=127.0.0.1",
              "--num-cpus=1", '--resources={"drafter": 1}', "--include-dashboard=false",

@@ -73,19 +73,23 @@ class ServerProcess:
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
+            if self.healthy():
+                return self
             if time.monotonic() > self._deadline:
                 break
             time.sleep(1.0)
         self.stop()
         raise TimeoutError(f"vllm serve not healthy after {self.startup_timeout} s:\n{self.log_tail()}")
 
-    def alive(self) -> bool:
+    def healthy(self, timeout: float = 5) -> bool:
+        """Whether the server answers /health with 200 now."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+        def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace: float = 30) -> None:
