@@ -89,7 +89,7 @@ class ServerProcess:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
 
-        def alive(self) -> bool:
+    def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace: float = 30) -> None:
