@@ -55,10 +55,6 @@ BAD = [
 ]
 
 
-def _client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=600)
-
-
 def plan(n: int, seed: int) -> list[dict]:
     """``n`` requests: 80% ordinary, 10% abandoned, 10% bad, shuffled."""
     prompts = BRIDGE_STRESS + spec_bench_questions(40)[: 40 - len(BRIDGE_STRESS)]
@@ -79,7 +75,7 @@ def plan(n: int, seed: int) -> list[dict]:
 
 def send(server: ServerProcess, job: dict) -> dict:
     """One request; what came back."""
-    api = _client(server)
+    api = server.openai_client()
     kwargs = {"model": server.model, "prompt": job["prompt"], "max_tokens": job["max_tokens"], "temperature": 0.0}
     kwargs.update({k: job[k] for k in ("temperature", "top_p", "extra_body") if k in job})
     if job["kind"] == "abort":
@@ -102,16 +98,6 @@ def rss_mb(server: ServerProcess) -> float:
         except psutil.Error:
             pass
     return total / 2**20
-
-
-def settle(server: ServerProcess, names: tuple[str, ...], timeout: float = 60) -> dict[str, float]:
-    """The gauges ``names`` once all read 0 (or their last reading after ``timeout`` s)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        values = {n: server.metric_sum(n) for n in names}
-        if all(v == 0 for v in values.values()) or time.monotonic() > deadline:
-            return values
-        time.sleep(0.5)
 
 
 def main() -> int:
@@ -144,7 +130,7 @@ def main() -> int:
             with cf.ThreadPoolExecutor(args.concurrency) as pool:
                 got = list(pool.map(lambda j: send(ours, j), jobs))
             wall = time.monotonic() - t0
-            gauges = settle(ours, ("hetero:request_states", "hetero:draft_pool_bytes"))
+            gauges = ours.wait_for_metrics({"hetero:request_states": 0, "hetero:draft_pool_bytes": 0})
             ok = [(j, g) for j, g in zip(jobs, got) if j["kind"] == "ok"]
             bad = [(j, g) for j, g in zip(jobs, got) if j["kind"] == "bad"]
             aborted = [g for j, g in zip(jobs, got) if j["kind"] == "abort"]

@@ -15,5 +15,6 @@ fi
 # Both passes always run; the exit status is the first failure's.
 status=0
 "${pytest[@]}" -m "not e2e" -n 2 || status=$?
-"${pytest[@]}" -m e2e || { s=$?; [ "$status" -ne 0 ] || status=$s; }
+# --durations: which e2e modules cost the time, in CI's log too.
+"${pytest[@]}" -m e2e --durations=25 || { s=$?; [ "$status" -ne 0 ] || status=$s; }
 exit "$status"

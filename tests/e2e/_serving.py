@@ -4,7 +4,6 @@ client."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import time
 from pathlib import Path
 
 import openai
@@ -24,7 +23,7 @@ def launch(model: str, extra: list[str], log: Path) -> ServerProcess:
 
 
 def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=600)
+    return server.openai_client()
 
 
 def complete(server: ServerProcess, prompt: str, max_tokens: int, stream: bool = False, **extra) -> str:
@@ -52,9 +51,4 @@ def parallel(fn, jobs: list[tuple]) -> list:
 
 def wait_for_metric(server: ServerProcess, name: str, value: float, timeout: float = 60) -> float:
     """The metric once it reads ``value`` (or its last reading after ``timeout`` s)."""
-    deadline = time.monotonic() + timeout
-    current = server.metric_sum(name)
-    while current != value and time.monotonic() < deadline:
-        time.sleep(0.5)
-        current = server.metric_sum(name)
-    return current
+    return server.wait_for_metrics({name: value}, timeout)[name]

@@ -16,7 +16,6 @@ the shared plain server the DP server was killed for memory on a 24 GB machine).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from _serving import complete, launch, parallel
@@ -24,17 +23,6 @@ from _serving import complete, launch, parallel
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
 JOBS = [(BRIDGE_STRESS[i % len(BRIDGE_STRESS)], 24) for i in range(12)]
-
-
-def _per_label(metrics: dict[str, float], name: str, label: str) -> dict[str, float]:
-    """``name``'s samples keyed by their ``label``."""
-    out: dict[str, float] = {}
-    for key, value in metrics.items():
-        if key.split("{", 1)[0] == name:
-            found = re.search(rf'{label}="([^"]*)"', key)
-            tag = found.group(1) if found else ""
-            out[tag] = out.get(tag, 0.0) + value
-    return out
 
 
 def test_dp2_server_identical_to_plain_and_drafts(qwen05: str, smollm2: str, tmp_path: Path) -> None:
@@ -50,8 +38,7 @@ def test_dp2_server_identical_to_plain_and_drafts(qwen05: str, smollm2: str, tmp
         dp.wait_ready()
         got = parallel(lambda p, n: complete(dp, p, n), JOBS)
         assert got == want
-        metrics = dp.metrics()
-        drafted = _per_label(metrics, "vllm:spec_decode_num_draft_tokens_total", "engine")
+        drafted = dp.metric_by_label("vllm:spec_decode_num_draft_tokens_total", "engine")
         assert sum(drafted.values()) > 0, f"no drafts: {drafted}"
     finally:
         dp.stop()

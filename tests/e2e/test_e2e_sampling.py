@@ -60,6 +60,13 @@ def _job(target: str, prompt: list[int], seed0: int, temperatures: list[float], 
     }
 
 
+# The Ray case waits for every step's drafts: with max_tokens = 3 a run is ~15 steps, and
+# on a loaded 2-core machine (two engines at a time) the actor's first step (64 rows'
+# catch-up) outlasted the default 5 s timeout; its late answer then kept the actor busy,
+# so every step ran undrafted and the test had nothing to compare (CI, stop 29).
+# Timeouts and restarts are test_ray_executor.py's subject.
+RAY_PATIENCE = {"ray_timeout_s": 300.0}
+
 # Every lossless mode (dtw in its lossless verification mode, fsd at tau = 0); tli also
 # drafting in a Ray actor, where pipelined drafts come from forked random streams; auto
 # (the default) with as many greedy requests in the engine, so steps mix rules.
@@ -82,7 +89,8 @@ def runs(selected_params, gemma: str, smollm2: str) -> dict[str, dict | Exceptio
         algorithm, executor = CASES[case]
         jobs[case] = _job(gemma, prompt, 10_000, [1.0, 0.0] if case == MIXED else [1.0], {
             "method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": algorithm,
-            "dtw_verify": "lossless", "executor": executor, "fsd_threshold": 0.0, "draft_budget": "fixed"},
+            "dtw_verify": "lossless", "executor": executor, "fsd_threshold": 0.0, "draft_budget": "fixed",
+            **(RAY_PATIENCE if executor == "ray" else {})},
             json_rows=case in JSON_CASES)
     out = dict(zip(jobs, run_isolated_many(list(jobs.values()))))
     if MIXED in out and not isinstance(out[MIXED], Exception):
@@ -102,7 +110,9 @@ def _tokens(runs: dict, name: str) -> list[list[int]]:
     result = unwrap(runs[name])
     if name in CASES:
         # Otherwise a drafter that never drafts (or always fails) would pass vacuously.
-        assert result["num_accepted_tokens"] > 0 and result["fallbacks"] == 0, result
+        summary = {k: result.get(k) for k in ("num_draft_tokens", "num_accepted_tokens", "fallbacks", "elapsed_s",
+                                              "drafter_stats")}
+        assert result["num_accepted_tokens"] > 0 and result["fallbacks"] == 0, summary
         if CASES[name][0] == "slrs":  # psi was computed, not skipped for slem
             assert result["drafter_stats"]["slrs_tree_nodes"] > 0, result["drafter_stats"]
         if name == MIXED:  # greedy and sampled rows drafted, with their kinds' rules

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -126,7 +127,35 @@ class ServerProcess:
 
     def metric_sum(self, prefix: str) -> float:
         """Sum of every sample whose name (labels excluded) is ``prefix``."""
-        return sum(v for k, v in self.metrics().items() if k.split("{", 1)[0] == prefix)
+        return sum(self.metric_by_label(prefix, "").values())
+
+    def metric_by_label(self, name: str, label: str) -> dict[str, float]:
+        """``name``'s samples summed per value of their ``label`` ("" where it is absent),
+        e.g. vLLM's per-engine counters of a data-parallel server."""
+        out: dict[str, float] = {}
+        for key, value in self.metrics().items():
+            if key.split("{", 1)[0] == name:
+                found = re.search(rf'{label}="([^"]*)"', key) if label else None
+                tag = found.group(1) if found else ""
+                out[tag] = out.get(tag, 0.0) + value
+        return out
+
+    def wait_for_metrics(self, want: dict[str, float], timeout: float = 60) -> dict[str, float]:
+        """The metrics ``want`` names once each reads its value there (or their last
+        readings after ``timeout`` s): gauges that settle after a load, such as the
+        draft state of aborted requests."""
+        deadline = time.monotonic() + timeout
+        while True:
+            current = {name: self.metric_sum(name) for name in want}
+            if current == want or time.monotonic() > deadline:
+                return current
+            time.sleep(0.5)
+
+    def openai_client(self) -> Any:
+        """An OpenAI client for this server (no retries: a failure must show)."""
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=600)
 
     def __enter__(self) -> "ServerProcess":
         return self.start()
