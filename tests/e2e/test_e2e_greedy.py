@@ -54,8 +54,10 @@ CASES = {
     "gemma-fsd": ("gemma", EAGER, {"algorithm": "fsd", "fsd_threshold": 0.0}),
     "qwen05-slrs": ("qwen05", EAGER, {"algorithm": "slrs"}),
     # Drafting in a Ray actor (pipelined, adaptive budget): union's forced rejections
-    # travel back from the actor too. test_ray_executor.py covers faults and shutdown.
-    "qwen05-union-ray": ("qwen05", EAGER, {"algorithm": "union", "executor": "ray"}),
+    # travel back from the actor too. test_ray_executor.py covers faults, timeouts and
+    # shutdown; here every step waits for its drafts, so that a loaded machine cannot
+    # leave the case undrafted (it did to the sampling module's Ray case on CI).
+    "qwen05-union-ray": ("qwen05", EAGER, {"algorithm": "union", "executor": "ray", "ray_timeout_s": 300.0}),
 }
 
 
