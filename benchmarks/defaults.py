@@ -30,21 +30,12 @@ from report import fmt, median
 
 from vllm_hetero_spec.harness.evaluation import run_isolated
 from vllm_hetero_spec.harness.models import ensure_model
-from vllm_hetero_spec.harness.prompts import chat_prompts, spec_bench_questions
+from vllm_hetero_spec.harness.prompts import MAX_CHARS, chat_prompts, held_out_questions
 
 OUT = Path(__file__).parent / "results"
 NAME = "defaults"
 RULES = ("slem", "tli", "slrs", "dtw", "union")
 BUILTIN = "vllm built-in TLI"
-MAX_CHARS = 1200
-
-
-def held_out_questions(n: int, skip: int) -> list[str]:
-    """``n`` Spec-Bench questions of at most :data:`MAX_CHARS` characters, past the first ``skip``."""
-    pool = [q for q in spec_bench_questions(240)[skip:] if len(q) <= MAX_CHARS]
-    if len(pool) < n:
-        raise SystemExit(f"only {len(pool)} held-out questions of <= {MAX_CHARS} characters; lower --skip")
-    return pool[:n]
 
 
 def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True) -> list[tuple[str, dict | None]]:

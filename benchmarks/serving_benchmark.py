@@ -1,17 +1,20 @@
 """Serving benchmark: `vllm serve` with and without speculation, under `vllm bench serve`.
 
-For each configuration (plain decoding, vLLM's built-in heterogeneous-vocabulary TLI,
-each of our algorithms) one real server is started from the documented command, and
-vLLM's own load generator sends Spec-Bench questions (chat endpoint, greedy, fixed output
-length) at several concurrency levels. Meanwhile /metrics is sampled every second for the
-plugin's per-request draft state (count and bytes), to show it stays bounded and returns
-to zero. Same machine, same run, configurations one after the other.
+Three servers, each started as a user starts it (vLLM's default flags, no
+``--enforce-eager``): plain decoding, ours with the shipped ``configs/hetero.json``
+(``algorithm: auto``, adaptive draft length), and vLLM's built-in
+heterogeneous-vocabulary TLI (``draft_model`` with ``use_heterogeneous_vocab``). vLLM's own
+load generator sends held-out Spec-Bench questions (chat endpoint, fixed output length,
+EOS ignored) at each concurrency and temperature. Around each cell the server's
+/metrics are read, so each cell reports its own acceptance, the draft lengths the budget
+chose (ours: mean over steps, and the share of steps it left undrafted) and the rules
+``auto`` drafted with. Same machine, same run, servers one after the other (two 1.5B
+servers do not fit beside each other in 24 GB with their drafters).
 
-    .venv/bin/python benchmarks/serving_benchmark.py                   # defaults below
-    .venv/bin/python benchmarks/serving_benchmark.py --only plain tli --concurrency 1 8
-    .venv/bin/python benchmarks/serving_benchmark.py --only union dtw --append   # add rows
+    .venv/bin/python benchmarks/serving_benchmark.py                   # ~40 min on 2 cores
+    .venv/bin/python benchmarks/serving_benchmark.py --target qwen2.5-coder-0.5b --concurrency 1 4
 
-Writes benchmarks/results/serving.{json,md} and serving_tpot.png.
+Writes benchmarks/results/<name>.{json,md,png} (``--name``, default ``serving_v2``).
 """
 
 from __future__ import annotations
@@ -21,76 +24,52 @@ import json
 import platform
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from vllm_hetero_spec.harness.evaluation import default_env
 from vllm_hetero_spec.harness.models import ensure_model
-from vllm_hetero_spec.harness.prompts import SPEC_BENCH
+from vllm_hetero_spec.harness.prompts import held_out_questions
 from vllm_hetero_spec.harness.server_process import ServerProcess, vllm_command
 
+ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "results"
+PLAIN, OURS, BUILTIN = "plain", "ours (configs/hetero.json)", "vLLM built-in TLI"
+# Counters read before and after each cell; the cell reports their differences.
+COUNTERS = (
+    "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total", "hetero:budget_steps_total", "hetero:draft_length_sum_total",
+    "hetero:undrafted_steps_total", "hetero:slem_request_steps_total", "hetero:tli_request_steps_total",
+    "hetero:slrs_request_steps_total",
+)
+BENCH_KEYS = ("num_prompts", "completed", "failed", "output_throughput", "request_throughput", "median_ttft_ms",
+              "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "mean_tpot_ms")
 
 
-def configs(draft: str, k: int) -> dict[str, dict | None]:
-    def ours(algorithm: str, **extra: object) -> dict:
-        return {"method": "hetero", "model": draft, "num_speculative_tokens": k, "algorithm": algorithm, **extra}
-
-    return {
-        "plain": None,
-        "ours tli": ours("tli"),
-        "vllm draft_model + use_heterogeneous_vocab": {
-            "method": "draft_model", "model": draft, "num_speculative_tokens": k, "use_heterogeneous_vocab": True,
-        },
-        "ours slem": ours("slem"),
-        "ours fsd (tau 0.1)": ours("fsd", fsd_threshold=0.1),
-        "ours union": ours("union"),
-        "ours dtw (lossless)": ours("dtw"),
-    }
+def servers(draft: str, k: int) -> dict[str, str | None]:
+    """Configuration name -> the ``--speculative-config`` argument (None: plain)."""
+    builtin = {"method": "draft_model", "model": draft, "num_speculative_tokens": k, "use_heterogeneous_vocab": True}
+    return {PLAIN: None, OURS: str(ROOT / "configs" / "hetero.json"), BUILTIN: json.dumps(builtin)}
 
 
-def sharegpt_file(path: Path) -> Path:
-    """Spec-Bench first turns in the ShareGPT layout `vllm bench serve` reads without pandas."""
-    rows = []
-    for i, line in enumerate(SPEC_BENCH.read_text().splitlines()):
-        question = json.loads(line)["turns"][0]
-        rows.append({"id": str(i), "conversations": [
-            {"from": "human", "value": question}, {"from": "gpt", "value": "placeholder answer " * 8},
-        ]})
+def sharegpt_file(path: Path, questions: list[str]) -> Path:
+    """The questions in the ShareGPT layout `vllm bench serve` reads (the answer is a
+    placeholder: ``--sharegpt-output-len`` fixes the length)."""
+    rows = [{"id": str(i), "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": "answer"}]}
+            for i, q in enumerate(questions)]
     path.write_text(json.dumps(rows))
     return path
 
 
-class StateSampler(threading.Thread):
-    """Samples the plugin's draft-state gauges once a second while a load runs."""
-
-    def __init__(self, server: ServerProcess):
-        super().__init__(daemon=True)
-        self.server = server
-        self.samples: list[tuple[float, float, float]] = []
-        self.stop_flag = threading.Event()
-
-    def run(self) -> None:
-        start = time.monotonic()
-        while not self.stop_flag.is_set():
-            try:
-                states = self.server.metric_sum("hetero:request_states")
-                size = self.server.metric_sum("hetero:draft_state_bytes")
-                self.samples.append((time.monotonic() - start, states, size))
-            except OSError:
-                pass
-            self.stop_flag.wait(1.0)
-
-
-def bench(server: ServerProcess, dataset: Path, n: int, concurrency: int, out_len: int, result: Path) -> dict:
+def bench(server: ServerProcess, dataset: Path, n: int, concurrency: int, temperature: float, out_len: int,
+          result: Path) -> dict:
     cmd = [
         *vllm_command(), "bench", "serve", "--backend", "openai-chat", "--base-url", server.url,
         "--endpoint", "/v1/chat/completions", "--model", server.model, "--tokenizer", server.model,
         "--dataset-name", "sharegpt", "--dataset-path", str(dataset), "--num-prompts", str(n),
         "--max-concurrency", str(concurrency), "--sharegpt-output-len", str(out_len), "--ignore-eos",
-        "--temperature", "0", "--seed", "0", "--num-warmups", "2", "--disable-tqdm", "--save-result",
-        "--result-dir", str(result.parent), "--result-filename", result.name,
+        "--temperature", str(temperature), "--seed", "0", "--num-warmups", "2", "--disable-tqdm",
+        "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=default_env(), timeout=3600)
     if proc.returncode != 0:
@@ -98,130 +77,148 @@ def bench(server: ServerProcess, dataset: Path, n: int, concurrency: int, out_le
     return json.loads(result.read_text())
 
 
-def requests_at(concurrency: int, args: argparse.Namespace) -> int:
-    return args.num_prompts_at_max if concurrency == max(args.concurrency) else max(2 * concurrency, 8)
+def counters(server: ServerProcess) -> dict[str, float]:
+    return {name: server.metric_sum(name) for name in COUNTERS}
+
+
+def speculation(before: dict[str, float], after: dict[str, float]) -> dict:
+    """What the cell's speculation did, from the counters' differences."""
+    d = {name: after[name] - before[name] for name in COUNTERS}
+    drafted = d["vllm:spec_decode_num_draft_tokens_total"]
+    out: dict = {"acceptance": d["vllm:spec_decode_num_accepted_tokens_total"] / drafted if drafted else None}
+    if d["hetero:budget_steps_total"]:
+        steps = d["hetero:budget_steps_total"]
+        out["mean_draft_length"] = d["hetero:draft_length_sum_total"] / steps
+        out["undrafted_share"] = d["hetero:undrafted_steps_total"] / steps
+        out["rules"] = {rule: d[f"hetero:{rule}_request_steps_total"] for rule in ("slem", "tli", "slrs")
+                        if d[f"hetero:{rule}_request_steps_total"]}
+    elif d["vllm:spec_decode_num_drafts_total"]:
+        out["mean_draft_length"] = drafted / d["vllm:spec_decode_num_drafts_total"]
+    return out
+
+
+def requests_at(concurrency: int) -> int:
+    """Enough requests for two waves, and at least 8."""
+    return max(8, 2 * concurrency)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--target", default="qwen2.5-coder-0.5b", help="1.5B: about 3x longer on 2 cores")
-    ap.add_argument("--draft", default="smollm2-135m")
-    ap.add_argument("-k", type=int, default=4)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--num-prompts-at-max", type=int, default=200, help="requests at the highest concurrency")
-    ap.add_argument("--output-len", type=int, default=16)
+    ap.add_argument("--name", default="serving_v2")
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="smollm2-135m", help="vLLM's built-in drafter (ours: the shipped config's)")
+    ap.add_argument("-k", type=int, default=4, help="vLLM's built-in draft length (the shipped config's is 4)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--skip", type=int, default=40, help="held-out prompts: Spec-Bench questions past the first SKIP")
     ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--only", nargs="*", help="substrings of configuration names to run")
-    ap.add_argument("--append", action="store_true",
-                    help="add to the rows of an earlier serving.json (same settings) instead of starting afresh")
+    ap.add_argument("--only", nargs="*", help="substrings of server names to run")
     args = ap.parse_args()
 
     target = str(ensure_model(args.target))
     draft = str(ensure_model(args.draft))
     OUT.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="serving_bench-"))
-    dataset = sharegpt_file(work / "spec_bench_sharegpt.json")
-    rows, memory = [], {}
-    if args.append and (OUT / "serving.json").exists():
-        earlier = json.loads((OUT / "serving.json").read_text())
-        rows, memory = earlier["rows"], earlier["draft_state"]
-    meta = {"args": vars(args), "target": target, "draft": draft, "date": time.strftime("%Y-%m-%d"),
-            "machine": f"{platform.machine()} {platform.processor()}"}
-    for name, spec in configs(draft, args.k).items():
+    dataset = sharegpt_file(work / "held_out.json", held_out_questions(requests_at(max(args.concurrency)) + 2,
+                                                                        args.skip))
+    meta = {"args": vars(args), "target": target, "draft": draft, "date": time.strftime("%Y-%m-%d %H:%M"),
+            "machine": f"{platform.machine()} {platform.processor()}", "logs": str(work)}
+    rows: list[dict] = []
+    for name, spec in servers(draft, args.k).items():
         if args.only and not any(s in name for s in args.only):
             continue
         extra = ["--dtype", "float32", "--max-model-len", str(args.max_model_len), "--generation-config", "vllm"]
         if spec is not None:
-            spec_file = work / f"{name.replace(' ', '_')}.json"
-            spec_file.write_text(json.dumps(spec))
-            extra += ["--speculative-config", str(spec_file)]
-        with ServerProcess(target, extra, work / f"{name.replace(' ', '_')}.log") as server:
-            for c in args.concurrency:
-                sampler = StateSampler(server) if name.startswith("ours") else None
-                if sampler:
-                    sampler.start()
-                res = bench(server, dataset, requests_at(c, args), c, args.output_len, work / f"{name}-{c}.json")
-                if sampler:
-                    sampler.stop_flag.set()
-                    sampler.join()
-                    time.sleep(1.0)
-                    after = (server.metric_sum("hetero:request_states"), server.metric_sum("hetero:draft_state_bytes"))
-                    memory[f"{name} @ {c}"] = {"samples": sampler.samples, "after": after}
-                rows.append({
-                    "configuration": name, "concurrency": c,
-                    **{key: res.get(key) for key in (
-                        "num_prompts", "completed", "failed", "output_throughput", "request_throughput",
-                        "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "mean_tpot_ms",
-                        "spec_decode_acceptance_rate", "spec_decode_acceptance_length",
-                    )},
-                })
-                print(json.dumps(rows[-1]), flush=True)
-                # After every cell, so that an interrupted run keeps what it measured.
-                (OUT / "serving.json").write_text(json.dumps({"meta": meta, "rows": rows, "draft_state": memory}))
-                write_markdown(rows, memory, meta)
-                plot(rows)
+            extra += ["--speculative-config", spec]
+        slug = name.split(" ")[0]
+        began = time.monotonic()
+        with ServerProcess(target, extra, work / f"{slug}.log") as server:
+            startup_s = time.monotonic() - began
+            for t in args.temperatures:
+                for c in args.concurrency:
+                    before = counters(server)
+                    res = bench(server, dataset, requests_at(c), c, t, args.output_len, work / f"{slug}-{t}-{c}.json")
+                    rows.append({"configuration": name, "temperature": t, "concurrency": c, "startup_s": startup_s,
+                                 **{key: res.get(key) for key in BENCH_KEYS},
+                                 **speculation(before, counters(server))})
+                    print(json.dumps(rows[-1]), flush=True)
+                    # After every cell, so that an interrupted run keeps what it measured.
+                    (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+                    write_markdown(args.name, rows, meta)
+                    plot(args.name, rows)
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def write_markdown(rows: list[dict], memory: dict, meta: dict) -> None:
-    plain = {r["concurrency"]: r["output_throughput"] for r in rows if r["configuration"] == "plain"}
+def _base(rows: list[dict], r: dict) -> dict | None:
+    return next((p for p in rows if p["configuration"] == PLAIN and p["temperature"] == r["temperature"]
+                 and p["concurrency"] == r["concurrency"]), None)
+
+
+def write_markdown(name: str, rows: list[dict], meta: dict) -> None:
+    a = meta["args"]
     lines = [
-        f"Target {Path(meta['target']).name}, draft {Path(meta['draft']).name}, k={meta['args']['k']}, "
-        f"{meta['args']['output_len']} output tokens (ignore_eos), greedy, Spec-Bench chat prompts, "
-        "`vllm bench serve` against `vllm serve` on this machine.",
+        f"Target {Path(meta['target']).name} (float32), `vllm serve` with vLLM's default flags, "
+        f"`vllm bench serve` (chat endpoint) sending held-out Spec-Bench questions (past the first {a['skip']}, "
+        f"<= 1,200 characters), {a['output_len']} output tokens each (EOS ignored), two waves of requests per cell "
+        f"(twice the concurrency, at least 8) after 2 warm-up requests. Ours: `configs/hetero.json` "
+        f"(SmolLM2-135M, `auto`, adaptive draft length <= 4); vLLM built-in: `draft_model` + "
+        f"`use_heterogeneous_vocab`, {Path(meta['draft']).name}, k = {a['k']}. One run, {meta['date']}, "
+        f"{meta['machine']}; servers one after the other. Draft length: the mean over steps (ours: the budget's "
+        "choice, 0 on undrafted steps).",
         "",
-        "| configuration | concurrency | requests | failed | output tok/s | vs plain | median TTFT ms | "
-        "median TPOT ms | p99 TPOT ms | acceptance |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| T | concurrency | configuration | output tok/s | vs plain | TTFT median / p99 ms | "
+        "TPOT median / p99 ms | acceptance | draft length | undrafted steps | rules (request-steps) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        base = plain.get(r["concurrency"])
-        ratio = f"{r['output_throughput'] / base:.2f}x" if base else "-"
-        acc = r.get("spec_decode_acceptance_rate")
+    for r in sorted(rows, key=lambda r: (r["temperature"], r["concurrency"])):
+        base = _base(rows, r)
+        ratio = f"{r['output_throughput'] / base['output_throughput']:.2f}x" if base else "-"
+        acc = r.get("acceptance")
+        rules = ", ".join(f"{k} {v:.0f}" for k, v in (r.get("rules") or {}).items()) or "-"
+        undrafted = r.get("undrafted_share")
         lines.append(
-            f"| {r['configuration']} | {r['concurrency']} | {r['completed']}/{r['num_prompts']} | {r['failed']} | "
-            f"{_fmt(r['output_throughput'], '.2f')} | {ratio} | {_fmt(r['median_ttft_ms'], '.0f')} | "
-            f"{_fmt(r['median_tpot_ms'], '.0f')} | {_fmt(r['p99_tpot_ms'], '.0f')} | "
-            f"{'-' if acc is None else f'{acc:.1f}%'} |"
-        )
-    lines += ["", "Per-request draft state during each load (sampled from /metrics once a second):", "",
-              "| run | samples | peak requests held | peak bytes | bytes, first half max | bytes, second half max | "
-              "after the load |", "|---|---|---|---|---|---|---|"]
-    for run, m in memory.items():
-        s = m["samples"]
-        half = len(s) // 2
-        first = max((x[2] for x in s[:half]), default=0.0)
-        second = max((x[2] for x in s[half:]), default=0.0)
-        lines.append(
-            f"| {run} | {len(s)} | {max((x[1] for x in s), default=0):.0f} | {max((x[2] for x in s), default=0):.3g} | "
-            f"{first:.3g} | {second:.3g} | {m['after'][0]:.0f} requests, {m['after'][1]:.0f} bytes |"
-        )
-    (OUT / "serving.md").write_text("\n".join(lines) + "\n")
+            f"| {r['temperature']:g} | {r['concurrency']} | {r['configuration']} | "
+            f"{_fmt(r['output_throughput'], '.2f')} | {ratio} | "
+            f"{_fmt(r['median_ttft_ms'], '.0f')} / {_fmt(r['p99_ttft_ms'], '.0f')} | "
+            f"{_fmt(r['median_tpot_ms'], '.0f')} / {_fmt(r['p99_tpot_ms'], '.0f')} | "
+            f"{'-' if acc is None else f'{acc:.0%}'} | {_fmt(r.get('mean_draft_length'), '.2f')} | "
+            f"{'-' if undrafted is None else f'{undrafted:.0%}'} | {rules} |")
+    failed = sum(r["failed"] or 0 for r in rows)
+    lines += ["", f"Failed requests over all cells: {failed}."]
+    (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
-def plot(rows: list[dict]) -> None:
+def plot(name: str, rows: list[dict]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in dict.fromkeys(r["configuration"] for r in rows):
-        pts = sorted((r["concurrency"], r["median_tpot_ms"]) for r in rows if r["configuration"] == name)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-    ax.set_xscale("log", base=2)
+    temps = sorted({r["temperature"] for r in rows})
+    fig, axes = plt.subplots(2, len(temps), figsize=(5.5 * len(temps), 7), squeeze=False)
     levels = sorted({r["concurrency"] for r in rows})
-    ax.set_xticks(levels, [str(c) for c in levels])
-    ax.set_xlabel("concurrent requests")
-    ax.set_ylabel("median TPOT (ms per output token)")
-    ax.set_title("vllm serve on a 2-core CPU: time per output token")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    for col, t in enumerate(temps):
+        for conf in dict.fromkeys(r["configuration"] for r in rows):
+            pts = sorted((r["concurrency"], r) for r in rows if r["configuration"] == conf and r["temperature"] == t)
+            ratio = [(c, r["output_throughput"] / b["output_throughput"]) for c, r in pts if (b := _base(rows, r))]
+            axes[0][col].plot([p[0] for p in ratio], [p[1] for p in ratio], marker="o", label=conf)
+            axes[1][col].plot([c for c, _ in pts], [r["median_tpot_ms"] for _, r in pts], marker="o", label=conf)
+        axes[0][col].axhline(1.0, color="grey", lw=0.8)
+        axes[0][col].set_title(f"T = {t:g}: output tok/s over plain")
+        axes[1][col].set_title(f"T = {t:g}: median TPOT (ms)")
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(levels, [str(c) for c in levels])
+            ax.set_xlabel("concurrent requests")
+            ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "serving_tpot.png", dpi=120)
+    fig.savefig(OUT / f"{name}.png", dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -326,27 +326,31 @@ def _patch_request_validation() -> None:
     patch(InputProcessor, "_validate_params", _validate_params, _patch_request_validation.__doc__)
 
 
-def _patch_metrics_registry() -> None:
-    """Why: our ``hetero:*`` collector sits in prometheus_client's default registry, but
-    when ``PROMETHEUS_MULTIPROC_DIR`` is set (by the user, or by vLLM for several API
-    servers) vLLM serves ``/metrics`` from a fresh registry instead; add it there too."""
-    from vllm.entrypoints.serve.instrumentator import metrics as serve_metrics
+def _patch_multiprocess_metrics() -> None:
+    """Why: our ``hetero:*`` collector sits in prometheus_client's default registry, which
+    serves ``/metrics`` with one API server. With several (``--data-parallel-size``,
+    ``--api-server-count``) vLLM sets ``PROMETHEUS_MULTIPROC_DIR`` and ``/metrics`` is
+    answered by prometheus-fastapi-instrumentator's handler from a registry it builds per
+    request holding only a ``MultiProcessCollector`` (vLLM's own ``get_prometheus_registry``
+    does the same); the default registry is never read, so the series vanished from
+    data-parallel servers. Every ``MultiProcessCollector`` made in a process where the
+    plugin is loaded now brings ours into its registry. Targets prometheus_client's
+    ``multiprocess.MultiProcessCollector(registry, path=None)``, as vLLM 0.32.0 and
+    prometheus-fastapi-instrumentator call it (by module attribute, at request time)."""
+    from prometheus_client import multiprocess
 
     from vllm_hetero_spec.metrics import register_collector
 
     collector = register_collector()
-    original = serve_metrics.get_prometheus_registry
+    original = multiprocess.MultiProcessCollector
 
-    @functools.wraps(original)
-    def get_prometheus_registry() -> Any:
-        from prometheus_client import REGISTRY
+    class MultiProcessCollector(original):  # type: ignore[misc, valid-type]
+        def __init__(self, registry: Any, path: str | None = None) -> None:
+            super().__init__(registry, path)
+            if registry is not None:
+                registry.register(collector)
 
-        registry = original()
-        if registry is not REGISTRY:
-            registry.register(collector)
-        return registry
-
-    patch(serve_metrics, "get_prometheus_registry", get_prometheus_registry, _patch_metrics_registry.__doc__)
+    patch(multiprocess, "MultiProcessCollector", MultiProcessCollector, _patch_multiprocess_metrics.__doc__)
 
 
 def _guard_unsupported_version(version: str) -> None:
@@ -405,6 +409,6 @@ def apply() -> bool:
     _patch_model_runner()
     _patch_cli_args()
     _patch_request_validation()
-    _patch_metrics_registry()
+    _patch_multiprocess_metrics()
     _applied = True
     return True

@@ -4,9 +4,10 @@ drafter, under vLLM's default flags.
 For a dense model vLLM runs the data-parallel ranks as independent engine processes,
 with one API server process per rank; each engine loads the plugin, builds its
 proposer and reports its own ``hetero:*`` board. Greedy outputs must equal a plain
-single-engine server's, and the server must have drafted (vLLM's own
-``spec_decode`` counters). The plugin's own ``hetero:*`` series are missing from a
-data-parallel server's ``/metrics`` (see docs/serving.md): not asserted here.
+single-engine server's, the server must have drafted (vLLM's own ``spec_decode``
+counters), and ``/metrics`` must carry the plugin's series from both engines' workers
+(with several API servers vLLM serves ``/metrics`` from prometheus' multiprocess
+collector, which the plugin extends: ``vllm_patches._patch_multiprocess_metrics``).
 
 Memory: two engine workers of the 0.5B target in float32 take about 13 GB here, so
 the plain reference server runs first and is stopped before the DP server starts (beside
@@ -31,7 +32,10 @@ def test_dp2_server_identical_to_plain_and_drafts(qwen05: str, smollm2: str, tmp
         want = parallel(lambda p, n: complete(plain.wait_ready(), p, n), JOBS)
     finally:
         plain.stop()
-    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli"}
+    # A draft-length floor of 1: every step drafts, so identity is tested on drafted
+    # steps wherever the budget would judge drafting not worth it (test_serving.py).
+    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli",
+            "min_speculative_tokens": 1}
     dp = launch(qwen05, ["--data-parallel-size", "2", "--speculative-config", json.dumps(spec)],
                 tmp_path / "dp2.log")
     try:
@@ -40,5 +44,7 @@ def test_dp2_server_identical_to_plain_and_drafts(qwen05: str, smollm2: str, tmp
         assert got == want
         drafted = dp.metric_by_label("vllm:spec_decode_num_draft_tokens_total", "engine")
         assert sum(drafted.values()) > 0, f"no drafts: {drafted}"
+        steps = dp.metric_by_label("hetero:steps_total", "pid")
+        assert len(steps) == 2 and all(v > 0 for v in steps.values()), f"hetero:* not from both workers: {steps}"
     finally:
         dp.stop()

@@ -151,3 +151,24 @@ def test_vllms_ray_executor_copies_the_metrics_variables(monkeypatch) -> None:
     monkeypatch.setattr(metrics, "_spawner", None)
     metrics_dir()
     assert {DIR_ENV, SPAWNER_ENV, "MY_VAR"} <= get_env_vars_to_copy()
+
+
+def test_a_server_of_several_api_processes_serves_our_series(tmp_path, monkeypatch) -> None:
+    """With several API servers vLLM sets PROMETHEUS_MULTIPROC_DIR, and ``/metrics`` is
+    answered from a per-request registry holding only a MultiProcessCollector (the
+    instrumentator's handler, mounted by vLLM's own ``attach_router``): our series must
+    be there too. Before the patch they were missing from data-parallel servers."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from vllm.entrypoints.serve.instrumentator.metrics import attach_router
+
+    from vllm_hetero_spec import vllm_patches
+
+    vllm_patches.apply()
+    (tmp_path / "prom").mkdir()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "prom"))
+    MetricsBoard({"algorithm": "tli"}).add("steps", 11)  # this process's own board, in the server's directory
+    app = FastAPI()
+    attach_router(app)
+    text = TestClient(app).get("/metrics").text
+    assert f'hetero:steps_total{{algorithm="tli",pid="{os.getpid()}"}} 11.0' in text, text[:2000]

@@ -82,7 +82,7 @@ def test_the_override_patches_another_version(monkeypatch) -> None:
     monkeypatch.setenv(vllm_patches.SKIP_VERSION_CHECK_ENV, "1")
     calls = []
     names = ("_patch_expand_kernel", "_patch_verification_top_k_top_p", "_patch_engine_args", "_patch_model_runner",
-             "_patch_cli_args", "_patch_request_validation", "_patch_metrics_registry")
+             "_patch_cli_args", "_patch_request_validation", "_patch_multiprocess_metrics")
     for name in names:
         monkeypatch.setattr(vllm_patches, name, lambda name=name: calls.append(name))
     assert vllm_patches.apply() is True

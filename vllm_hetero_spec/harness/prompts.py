@@ -33,6 +33,19 @@ def spec_bench_questions(n: int, per_category: int = 1) -> list[str]:
     return out
 
 
+# Benchmarks' held-out prompts: Spec-Bench questions the tests and tuning never used, no
+# longer than this (longer ones make a batch-1 run prefill-bound).
+MAX_CHARS = 1200
+
+
+def held_out_questions(n: int, skip: int) -> list[str]:
+    """``n`` Spec-Bench questions of at most :data:`MAX_CHARS` characters, past the first ``skip``."""
+    pool = [q for q in spec_bench_questions(240)[skip:] if len(q) <= MAX_CHARS]
+    if len(pool) < n:
+        raise SystemExit(f"only {len(pool)} held-out questions of <= {MAX_CHARS} characters; lower --skip")
+    return pool[:n]
+
+
 def chat_prompts(tokenizer_path: str, questions: list[str]) -> list[str]:
     """Questions wrapped in the target's chat template when it has one."""
     from transformers import AutoTokenizer
