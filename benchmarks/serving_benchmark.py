@@ -11,8 +11,9 @@ chose (ours: mean over steps, and the share of steps it left undrafted) and the 
 ``auto`` drafted with. Same machine, same run, servers one after the other (two 1.5B
 servers do not fit beside each other in 24 GB with their drafters).
 
-    .venv/bin/python benchmarks/serving_benchmark.py                   # ~40 min on 2 cores
-    .venv/bin/python benchmarks/serving_benchmark.py --target qwen2.5-coder-0.5b --concurrency 1 4
+    .venv/bin/python benchmarks/serving_benchmark.py                   # ~70 min on 2 cores
+    .venv/bin/python benchmarks/serving_benchmark.py --concurrency 1 4 --temperatures 0 --min-requests 4 \
+        --warmups 1                                                    # ~27 min
 
 Writes benchmarks/results/<name>.{json,md,png} (``--name``, default ``serving_v2``).
 """
@@ -62,13 +63,13 @@ def sharegpt_file(path: Path, questions: list[str]) -> Path:
 
 
 def bench(server: ServerProcess, dataset: Path, n: int, concurrency: int, temperature: float, out_len: int,
-          result: Path) -> dict:
+          warmups: int, result: Path) -> dict:
     cmd = [
         *vllm_command(), "bench", "serve", "--backend", "openai-chat", "--base-url", server.url,
         "--endpoint", "/v1/chat/completions", "--model", server.model, "--tokenizer", server.model,
         "--dataset-name", "sharegpt", "--dataset-path", str(dataset), "--num-prompts", str(n),
         "--max-concurrency", str(concurrency), "--sharegpt-output-len", str(out_len), "--ignore-eos",
-        "--temperature", str(temperature), "--seed", "0", "--num-warmups", "2", "--disable-tqdm",
+        "--temperature", str(temperature), "--seed", "0", "--num-warmups", str(warmups), "--disable-tqdm",
         "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=default_env(), timeout=3600)
@@ -97,9 +98,9 @@ def speculation(before: dict[str, float], after: dict[str, float]) -> dict:
     return out
 
 
-def requests_at(concurrency: int) -> int:
-    """Enough requests for two waves, and at least 8."""
-    return max(8, 2 * concurrency)
+def requests_at(concurrency: int, minimum: int) -> int:
+    """Enough requests for two waves, and at least ``minimum``."""
+    return max(minimum, 2 * concurrency)
 
 
 def main() -> None:
@@ -111,6 +112,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--min-requests", type=int, default=8, help="requests per cell: two waves, at least this many")
+    ap.add_argument("--warmups", type=int, default=2, help="warm-up requests before each cell (untimed)")
     ap.add_argument("--skip", type=int, default=40, help="held-out prompts: Spec-Bench questions past the first SKIP")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--only", nargs="*", help="substrings of server names to run")
@@ -120,8 +123,8 @@ def main() -> None:
     draft = str(ensure_model(args.draft))
     OUT.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="serving_bench-"))
-    dataset = sharegpt_file(work / "held_out.json", held_out_questions(requests_at(max(args.concurrency)) + 2,
-                                                                        args.skip))
+    most = requests_at(max(args.concurrency), args.min_requests)
+    dataset = sharegpt_file(work / "held_out.json", held_out_questions(most + 2, args.skip))
     meta = {"args": vars(args), "target": target, "draft": draft, "date": time.strftime("%Y-%m-%d %H:%M"),
             "machine": f"{platform.machine()} {platform.processor()}", "logs": str(work)}
     rows: list[dict] = []
@@ -138,7 +141,8 @@ def main() -> None:
             for t in args.temperatures:
                 for c in args.concurrency:
                     before = counters(server)
-                    res = bench(server, dataset, requests_at(c), c, t, args.output_len, work / f"{slug}-{t}-{c}.json")
+                    n = requests_at(c, args.min_requests)
+                    res = bench(server, dataset, n, c, t, args.output_len, args.warmups, work / f"{slug}-{t}-{c}.json")
                     rows.append({"configuration": name, "temperature": t, "concurrency": c, "startup_s": startup_s,
                                  **{key: res.get(key) for key in BENCH_KEYS},
                                  **speculation(before, counters(server))})
@@ -164,9 +168,10 @@ def write_markdown(name: str, rows: list[dict], meta: dict) -> None:
         f"Target {Path(meta['target']).name} (float32), `vllm serve` with vLLM's default flags, "
         f"`vllm bench serve` (chat endpoint) sending held-out Spec-Bench questions (past the first {a['skip']}, "
         f"<= 1,200 characters), {a['output_len']} output tokens each (EOS ignored), two waves of requests per cell "
-        f"(twice the concurrency, at least 8) after 2 warm-up requests. Ours: `configs/hetero.json` "
-        f"(SmolLM2-135M, `auto`, adaptive draft length <= 4); vLLM built-in: `draft_model` + "
-        f"`use_heterogeneous_vocab`, {Path(meta['draft']).name}, k = {a['k']}. One run, {meta['date']}, "
+        f"(twice the concurrency, at least {a['min_requests']}) after {a['warmups']} warm-up request(s). "
+        "Ours: `configs/hetero.json` (SmolLM2-135M, `auto`, adaptive draft length <= 4); "
+        f"vLLM built-in: `draft_model` + `use_heterogeneous_vocab`, {Path(meta['draft']).name}, k = {a['k']}. "
+        f"One run, {meta['date']}, "
         f"{meta['machine']}; servers one after the other. Draft length: the mean over steps (ours: the budget's "
         "choice, 0 on undrafted steps).",
         "",
