@@ -150,10 +150,15 @@ def sample(probs: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     """One token per row from ``probs`` ``[B, V]`` by the exponential race: the noise of
     every row is drawn in one launch from the shared stream, then a seeded row's is
     redrawn from its own generator (one launch per seeded row, as vLLM's sampler does).
-    An all-greedy batch (one-hot rows) draws nothing."""
+    A batch of seeded rows only skips the shared launch: it drew vocabulary-wide noise
+    that every row then overwrote (measured, 240 seeded T = 1 requests at batch 64: the
+    drafter's time 17.9 -> 14.1 s, the run's 48.9 -> 43.4 s). An all-greedy batch
+    (one-hot rows) draws nothing."""
     if rows.all_greedy:
         return probs.argmax(dim=-1)
-    noise = torch.empty_like(probs).exponential_(generator=rows.shared)
+    noise = torch.empty_like(probs)
+    if any(gen is None for gen in rows.generators):
+        noise.exponential_(generator=rows.shared)
     for i, gen in enumerate(rows.generators):
         if gen is not None:
             noise.select(0, i).exponential_(generator=gen)
