@@ -9,7 +9,7 @@ slower than plain decoding" are checked against ground truth.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -20,8 +20,10 @@ from vllm_hetero_spec.drafter.budget import AdaptiveBudget, FixedBudget, LinearF
 @dataclass
 class Machine:
     """Target step = target_a + target_b * tokens (rows + proposals), plain and
-    speculative steps alike; proposer = draft_a + k * (draft_b + draft_row * rows) +
-    ingest * the tokens the draft states catch up on (a whole prompt the first time)."""
+    speculative steps alike, plus ``cold`` the first time a step runs a token count (a
+    CPU builds its matmul kernels per shape); proposer = draft_a + k * (draft_b +
+    draft_row * rows) + ingest * the tokens the draft states catch up on (a whole prompt
+    the first time)."""
 
     target_a: float
     target_b: float
@@ -29,11 +31,15 @@ class Machine:
     draft_b: float
     draft_row: float = 0.0
     ingest: float = 0.0
+    cold: float = 0.0
+    seen: set[int] = field(default_factory=set)
 
     def step_time(self, rows: int, ks: list[int], catchup: int = 0) -> tuple[float, float]:
         """(target time, proposer time) of a step."""
         k = max(ks, default=0)
-        target = self.target_a + self.target_b * (rows + sum(ks))
+        tokens = rows + sum(ks)
+        target = self.target_a + self.target_b * tokens + (0.0 if tokens in self.seen else self.cold)
+        self.seen.add(tokens)
         if k == 0:
             return target, 0.0
         return target, self.draft_a + k * (self.draft_b + self.draft_row * rows) + self.ingest * catchup
@@ -105,6 +111,21 @@ def test_matches_the_best_fixed_k_at_batch_1() -> None:
     assert rate >= 0.95 * best, (rate, best, np.bincount(chosen))
 
 
+def test_a_shape_s_first_step_does_not_price_it() -> None:
+    """The first step at each token count pays a one-time cost (a CPU builds its matmul
+    kernels per shape; measured on the 1.5B target at batch 1: a first 4-token step took
+    780 ms where 3 and 5 tokens took 375 and 446, and with the curve kept non-decreasing
+    that one sample priced k = 3 and 4 out for the rest of the run). A size's price must
+    not rest on its first step: the policy then loses little more than those one-time
+    costs themselves (priced from first steps, it lost 7%, averaged over twelve engines)."""
+    alphas = [np.array([0.75, 0.6, 0.6, 0.6])]
+    for draft_b in (0.05, 0.066):
+        steady = dict(target_a=0.34, target_b=0.01, draft_a=0.005, draft_b=draft_b)
+        best = max(fixed_rate(Machine(**steady), alphas, k) for k in range(5))
+        rates = [simulate(AdaptiveBudget(4), Machine(**steady, cold=0.5), alphas, 300, seed=s)[0] for s in range(12)]
+        assert np.mean(rates) >= 0.955 * best, (draft_b, np.mean(rates) / best)
+
+
 def test_never_much_slower_than_plain_where_every_k_loses() -> None:
     alphas = [ALPHA] * 8
     plain = fixed_rate(CPU, alphas, 0)
@@ -173,7 +194,7 @@ def test_unsteady_steps_do_not_feed_the_cost_model() -> None:
     assert policy.target.sizes == 0 and not policy.drafts
     policy.record(["a", "b"], [4, 0], 0.1, 12.0)
     policy.observe(12.5, ["a", "b"], [3, 1])
-    assert list(policy.target.by_size) == [6]  # 2 rows + 4 proposals
+    assert {**policy.target.first, **policy.target.by_size}.keys() == {6}  # 2 rows + 4 proposals
 
 
 def test_acceptance_counts_the_positions_seen() -> None:
@@ -262,6 +283,7 @@ def test_target_cost_curve() -> None:
     the secant from the smallest size; below them flat."""
     cost = TargetCost(memory=0.5)
     for tokens, seconds in [(1, 0.22), (2, 0.29), (3, 0.24), (8, 0.30), (16, 0.37)]:
+        cost.add(tokens, seconds + 0.5)  # a first step's one-time cost: not priced
         cost.add(tokens, seconds)
     assert cost.predict(1) == pytest.approx(0.22) and cost.predict(16) == pytest.approx(0.37)
     assert cost.predict(2) == cost.predict(3) == pytest.approx(0.265)  # the dip at 3 pooled with 2
@@ -287,12 +309,21 @@ def test_new_requests_at_a_large_batch_do_not_pay_for_a_probe() -> None:
 
 def test_a_new_request_with_a_long_prompt_still_drafts_at_batch_1() -> None:
     """The lump of a new request's prompt is spread over the steps that live on it: at
-    batch 1, where drafting pays, a fresh request with a long prompt drafts at once."""
-    machine = Machine(**{**CPU.__dict__, "ingest": 0.0014})
-    policy = AdaptiveBudget(8)
-    simulate(policy, machine, [ALPHA], 100, seed=13)
-    _, chosen = simulate(policy, machine, [ALPHA], 20, seed=14, prefix="new", prompt=500)
-    assert min(chosen[:3]) > 0, chosen
+    batch 1, where drafting pays (by 9% here, near the margin, so the policy's noisy
+    estimates decide: counted over twenty engines), a fresh request with a long prompt
+    mostly drafts at once; priced in full on its first step it would not."""
+
+    def drafted_at_once(horizon: float) -> int:
+        count = 0
+        for seed in range(20):
+            machine = Machine(**{**CPU.__dict__, "ingest": 0.0014})
+            policy = AdaptiveBudget(8, horizon=horizon)
+            simulate(policy, machine, [ALPHA], 100, seed=2 * seed)
+            _, chosen = simulate(policy, machine, [ALPHA], 20, seed=2 * seed + 1, prefix="new", prompt=500)
+            count += chosen[0] > 0
+        return count
+
+    assert drafted_at_once(16.0) >= 10 > 2 >= drafted_at_once(1.0)
 
 
 def test_drafting_cost_is_fitted_per_set_of_rules() -> None:
