@@ -6,8 +6,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 from pathlib import Path
 
-import openai
-
 from vllm_hetero_spec.harness.server_process import ServerProcess
 
 MAX_MODEL_LEN = 512
@@ -22,12 +20,8 @@ def launch(model: str, extra: list[str], log: Path) -> ServerProcess:
     return ServerProcess(model, COMMON + extra, log).launch()
 
 
-def client(server: ServerProcess) -> openai.OpenAI:
-    return server.openai_client()
-
-
 def complete(server: ServerProcess, prompt: str, max_tokens: int, stream: bool = False, **extra) -> str:
-    api = client(server)
+    api = server.openai_client()
     kwargs = dict(model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0.0, **extra)
     if not stream:
         return api.completions.create(**kwargs).choices[0].text
@@ -35,7 +29,7 @@ def complete(server: ServerProcess, prompt: str, max_tokens: int, stream: bool =
 
 
 def chat(server: ServerProcess, content: str, max_tokens: int, stream: bool = False) -> str:
-    api = client(server)
+    api = server.openai_client()
     kwargs = dict(
         model=server.model, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0.0
     )
@@ -47,8 +41,3 @@ def chat(server: ServerProcess, content: str, max_tokens: int, stream: bool = Fa
 def parallel(fn, jobs: list[tuple]) -> list:
     with cf.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         return list(pool.map(lambda job: fn(*job), jobs))
-
-
-def wait_for_metric(server: ServerProcess, name: str, value: float, timeout: float = 60) -> float:
-    """The metric once it reads ``value`` (or its last reading after ``timeout`` s)."""
-    return server.wait_for_metrics({name: value}, timeout)[name]

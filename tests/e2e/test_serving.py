@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _serving import COMMON, MAX_MODEL_LEN, chat, client, complete, launch, parallel, wait_for_metric
+from _serving import COMMON, MAX_MODEL_LEN, chat, complete, launch, parallel
 
 from vllm_hetero_spec.harness.evaluation import default_env
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
@@ -80,12 +80,12 @@ def test_aborted_streams_leave_no_draft_state(servers) -> None:
     _, hetero = servers
 
     def read_then_disconnect(i: int) -> int:
-        return stream_and_abandon(client(hetero), 3, model=hetero.model, prompt=BRIDGE_STRESS[i % len(BRIDGE_STRESS)],
+        return stream_and_abandon(hetero.openai_client(), 3, model=hetero.model, prompt=BRIDGE_STRESS[i % len(BRIDGE_STRESS)],
                                   max_tokens=200, temperature=0.0)
 
     assert parallel(read_then_disconnect, [(i,) for i in range(8)]) == [3] * 8
-    assert wait_for_metric(hetero, "hetero:request_states", 0) == 0
-    assert wait_for_metric(hetero, "hetero:draft_state_bytes", 0) == 0
+    settled = hetero.wait_for_metrics({"hetero:request_states": 0, "hetero:draft_state_bytes": 0}, 60)
+    assert settled == {"hetero:request_states": 0, "hetero:draft_state_bytes": 0}, settled
     assert complete(hetero, "def add(a, b):", 8)
 
 

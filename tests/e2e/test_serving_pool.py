@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from _serving import complete, launch, parallel, wait_for_metric
+from _serving import complete, launch, parallel
 
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
@@ -44,6 +44,6 @@ def test_bounded_draft_pool_under_32_concurrent_requests(plain_server, qwen05: s
         assert bounded.metric_sum("hetero:pool_full_requests_total") > 0, "the pool never filled: test too weak"
         assert bounded.metric_sum("vllm:spec_decode_num_accepted_tokens_total") > 0
         assert bounded.metric_sum("hetero:fallbacks_total") == 0
-        assert wait_for_metric(bounded, "hetero:draft_pool_bytes", 0) == 0
+        assert bounded.wait_for_metrics({"hetero:draft_pool_bytes": 0}, 60) == {"hetero:draft_pool_bytes": 0}
     finally:
         bounded.stop()
