@@ -73,8 +73,8 @@ MUTATIONS = [
     Mutation(
         "global-rng", "the drafter samples from the global RNG",
         "vllm_hetero_spec/drafter/sampling.py",
-        "noise = torch.empty_like(probs).exponential_(generator=rows.shared)",
-        "noise = torch.empty_like(probs).exponential_()",
+        "noise.exponential_(generator=rows.shared)",
+        "noise.exponential_()",
         ("tests/drafter/test_proposer_token_level.py", "-k", "global_rng"),
     ),
     Mutation(
