@@ -147,7 +147,7 @@ class TargetCost:
     curve passes the size by, interpolating its neighbours (during the warm-up, until
     two sizes have a second step, first steps stand in). In simulation (a 0.5 s first
     step per size, twelve engines) the policy went from 7% below the best fixed k to 2.5%,
-    and where first steps cost nothing extra it chooses as before."""
+    and where first steps cost nothing extra it does about as well as before."""
 
     def __init__(self, memory: float):
         self.memory = memory
@@ -167,6 +167,7 @@ class TargetCost:
 
     @property
     def sizes(self) -> int:
+        """The sizes seen, those seen once included (the warm-up needs a curve at once)."""
         return len(self.by_size) + len(self.first)
 
     def predict(self, tokens: float) -> float:
@@ -393,8 +394,7 @@ class AdaptiveBudget:
     @property
     def ready(self) -> bool:
         """Both cost models have something to go on: the warm-up's three step sizes (two
-        when k <= 1), each run twice (:class:`TargetCost` prices a size from its second
-        step), and a drafting step."""
+        when k <= 1) and a drafting step."""
         return self.target.sizes >= min(len(_WARMUP), self.max_tokens + 1) and any(f.n > 0 for f in self.drafts.values())
 
     def rates(self, rows: int, gain: np.ndarray, drafting: int, lump: float = 0.0, spread: float = 1.0,
