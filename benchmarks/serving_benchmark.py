@@ -80,8 +80,7 @@ def bench(server: ServerProcess, dataset: Path, n: int, concurrency: int, temper
 
 def counters(server: ServerProcess) -> dict[str, float]:
     """:data:`COUNTERS` summed over their labels, from one read of ``/metrics``."""
-    samples = server.metrics()
-    return {name: sum(v for k, v in samples.items() if k.split("{", 1)[0] == name) for name in COUNTERS}
+    return server.metric_sums(COUNTERS)
 
 
 def speculation(before: dict[str, float], after: dict[str, float]) -> dict:

@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,16 @@ class ServerProcess:
 
     def metric_sum(self, prefix: str) -> float:
         """Sum of every sample whose name (labels excluded) is ``prefix``."""
-        return sum(self.metric_by_label(prefix, "").values())
+        return self.metric_sums([prefix])[prefix]
+
+    def metric_sums(self, names: Iterable[str]) -> dict[str, float]:
+        """Per name, the sum of its samples over their labels, from one read of ``/metrics``."""
+        totals = dict.fromkeys(names, 0.0)
+        for key, value in self.metrics().items():
+            name = key.split("{", 1)[0]
+            if name in totals:
+                totals[name] += value
+        return totals
 
     def metric_by_label(self, name: str, label: str) -> dict[str, float]:
         """``name``'s samples summed per value of their ``label`` ("" where it is absent),
@@ -146,7 +156,7 @@ class ServerProcess:
         draft state of aborted requests."""
         deadline = time.monotonic() + timeout
         while True:
-            current = {name: self.metric_sum(name) for name in want}
+            current = self.metric_sums(want)
             if current == want or time.monotonic() > deadline:
                 return current
             time.sleep(0.5)
