@@ -273,7 +273,7 @@ def test_the_draft_states_catch_up_is_not_a_cost_of_k() -> None:
     simulate(policy, CPU, [ALPHA] * 4, 150, seed=10, noise=0.0)
     for k in (1, 2, 4):
         true = CPU.draft_a + k * (CPU.draft_b + CPU.draft_row * 4)
-        fitted = policy.draft_fit().predict([k, 4 * k, 0])
+        fitted = policy.draft_seconds("", k, 4, 0)
         assert abs(fitted - true) < 0.15 * true, (k, fitted, true)
 
 
@@ -336,6 +336,27 @@ def test_drafting_cost_is_fitted_per_set_of_rules() -> None:
         policy.record(["a"], [2], cost, now, lengths=[100 + step], rules=[rule])
         now += 0.2
         policy.observe(now, ["a"], [2])
-    assert policy.draft_fit("tli").predict([2, 2, 1]) == pytest.approx(0.05, abs=0.02)
-    assert policy.draft_fit("slrs").predict([2, 2, 1]) == pytest.approx(0.5, abs=0.1)
-    assert set(policy.drafts) == {"tli", "slrs"}
+    assert policy.draft_seconds("tli", 2, 1, 1) == pytest.approx(0.05, abs=0.02)
+    assert policy.draft_seconds("slrs", 2, 1, 1) == pytest.approx(0.5, abs=0.1)
+    assert set(policy.drafts) == {"forwards", "slrs"}
+
+
+def test_rules_drafting_by_forwards_share_the_cost_of_a_token() -> None:
+    """auto at batch 1: slem drafts k = 1 nearly every step, tli is seen at k = 1..3.
+    Alone, slem's steps cannot tell a token's cost from the fixed cost; pooled with tli's
+    (a token costs both rules one drafter forward) they price slem at k = 3 right, each
+    rule keeping its own fixed cost."""
+    rng = np.random.default_rng(3)
+    policy = AdaptiveBudget(4)
+    per_token, fixed = {"slem": 0.060, "tli": 0.060}, {"slem": 0.010, "tli": 0.020}
+    now = 0.0
+    for step in range(60):
+        rule = "tli" if step % 4 == 0 else "slem"
+        k = 1 + (step // 4) % 3 if rule == "tli" else 1
+        cost = fixed[rule] + per_token[rule] * k + 0.0001 * (1 + k) + rng.normal(0, 0.002)
+        policy.record(["a"], [k], cost, now, lengths=[100 + 2 * step], rules=[rule])
+        now += 0.3
+        policy.observe(now, ["a"], [2])
+    for rule in ("slem", "tli"):
+        true = fixed[rule] + per_token[rule] * 3 + 0.0001 * 4
+        assert policy.draft_seconds(rule, 3, 1, 4) == pytest.approx(true, rel=0.1), rule

@@ -20,10 +20,12 @@ from three models it keeps current from what each step shows:
   proposals), one curve for plain and speculative steps at every batch size, measured
   per size and interpolated between (:class:`TargetCost`);
 - **drafting**: the proposer's time, linear in k, in k x rows, and in the tokens the
-  draft states catch up on (a request's first drafting step reads its whole context);
-  one fit per set of rules drafting in the step (``auto``): ``slrs``'s psi tree costs
-  several times a ``tli`` step, and one shared fit made ``tli`` look that dear -- so
-  dear that the budget stopped drafting, and a step at k = 0 never corrects the fit.
+  draft states catch up on (a request's first drafting step reads its whole context)
+  (:class:`DraftCost`). With ``auto`` each set of rules drafting in a step has its own
+  fixed cost; the rules that draft by the drafter's forwards alone share the per-token
+  slopes, while a set with ``slrs`` keeps a fit of its own: its psi tree costs several
+  times a ``tli`` step, and one fit for both made ``tli`` look that dear -- so dear that
+  the budget stopped drafting, and a step at k = 0 never corrects the fit.
 
 A draft state that has fallen behind (a new request, or one that has not drafted for a
 while) must first read what it missed, a lump that can cost many steps (measured: 32
@@ -99,6 +101,56 @@ class LinearFit:
     def predict(self, x: float | Sequence[float]) -> float:
         coef = self.coef
         return float(coef[0] + coef[1:] @ np.atleast_1d(np.asarray(x, dtype=np.float64)))
+
+    def widen(self) -> None:
+        """One more feature, zero in every sample so far."""
+        self.xtx = np.pad(self.xtx, ((0, 1), (0, 1)))
+        self.xty = np.pad(self.xty, (0, 1))
+        self._coef = None
+
+
+# Rules that draft by the drafter's forwards alone, one per draft token, so a token costs
+# them the same: measured on the engine (SmolLM2-135M, float32, batch 1 and 4) 58-60 ms per
+# extra token for both slem and tli, and the same k = 1 cost. slrs also evaluates its psi
+# tree, several forwards per position.
+_FORWARD_RULES = frozenset({"slem", "tli", "dtw", "union"})
+
+
+def _cost_group(key: str) -> str:
+    """The fit a set of rules drafting together is priced by: ``"forwards"`` when every
+    rule drafts by forwards alone (and for an engine's one rule, ``""``), else its own."""
+    return "forwards" if set(key.split("+")) <= _FORWARD_RULES | {""} else key
+
+
+class DraftCost:
+    """Proposer seconds ~ c_key + c . x for the sets of rules (keys) of one cost group:
+    one fixed cost per key, the slopes shared. ``auto`` drafts at batch 1 nearly always
+    at k = 1, where a per-key fit cannot tell the cost of a token from the fixed cost:
+    fitted apart, slem came out at 100 ms per token and tli at 45 (both really cost 60),
+    and the dear-looking slem stayed at k = 1. Sharing the slope lets every key's steps
+    at any k inform it. The first key's fixed cost is the base; a key not yet timed is
+    priced at it."""
+
+    def __init__(self, memory: float, features: int):
+        self.keys: list[str] = []
+        self.fit = LinearFit(memory, features)
+
+    @property
+    def n(self) -> float:
+        return self.fit.n
+
+    def add(self, key: str, x: Sequence[float], y: float) -> None:
+        if key not in self.keys:
+            self.keys.append(key)
+            if len(self.keys) > 1:
+                self.fit.widen()
+        self.fit.add([*x, *self._indicators(key)], y)
+
+    def predict(self, key: str, x: Sequence[float]) -> float:
+        return self.fit.predict([*x, *self._indicators(key)])
+
+    def _indicators(self, key: str) -> list[float]:
+        return [float(key == other) for other in self.keys[1:]]
 
 
 class Ema:
@@ -279,8 +331,9 @@ class AdaptiveBudget:
         self.step_index = 0
         self.target = TargetCost(cost_memory)
         self.cost_memory = cost_memory
-        # per set of rules drafting: proposer seconds ~ c0 + c1 k + c2 k rows + c3 catch-up tokens (see record)
-        self.drafts: dict[str, LinearFit] = {}
+        # per cost group of the sets of rules drafting: proposer seconds ~ c_key + c1 k + c2 k rows
+        # + c3 catch-up tokens (see record)
+        self.drafts: dict[str, DraftCost] = {}
         self.synced: dict[str, int] = {}  # per request: its length when it last drafted
         self.buckets: dict[int, _Bucket] = {}
         self.warmup_steps = 0
@@ -325,7 +378,8 @@ class AdaptiveBudget:
             self.target.add(last.tokens, target_s)
             if last.k > 0:
                 drafting = sum(1 for k in last.proposed.values() if k > 0)
-                self.draft_fit(last.draft_key).add([last.k, last.k * drafting, last.catchup], last.propose_s)
+                self._draft_cost(last.draft_key).add(last.draft_key, [last.k, last.k * drafting, last.catchup],
+                                                     last.propose_s)
 
     def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float,
                lengths: list[int] | None = None, rules: list[str] | None = None) -> None:
@@ -351,11 +405,19 @@ class AdaptiveBudget:
         self.per_request.pop(req_id, None)
         self.synced.pop(req_id, None)
 
-    def draft_fit(self, key: str = "") -> LinearFit:
-        """The drafting cost fit of one set of rules (``""``: the engine's one rule)."""
-        if key not in self.drafts:
-            self.drafts[key] = LinearFit(self.cost_memory, features=3)
-        return self.drafts[key]
+    def _draft_cost(self, key: str) -> DraftCost:
+        """The fit that prices the set of rules ``key`` (``""``: the engine's one rule)."""
+        group = _cost_group(key)
+        if group not in self.drafts:
+            self.drafts[group] = DraftCost(self.cost_memory, features=3)
+        return self.drafts[group]
+
+    def draft_seconds(self, key: str, k: int, drafting: int, catchup: float) -> float:
+        """Expected proposer seconds for ``drafting`` rows of the rules ``key`` drafting k
+        tokens with ``catchup`` tokens to read; 0 for a cost group never timed (one step
+        times it)."""
+        cost = self._draft_cost(key)
+        return max(cost.predict(key, [k, k * drafting, catchup]), 0.0) if cost.n > 0 else 0.0
 
     def _overall(self, rule: str) -> tuple[np.ndarray, np.ndarray]:
         """The counts of every request under ``rule`` (updated in place)."""
@@ -403,15 +465,14 @@ class AdaptiveBudget:
         rows of P_r(j + 1), ``drafting`` rows draft (with the rules ``draft_key`` names).
         The draft states' catch-up is priced at its steady size, the tokens the step
         will emit, plus ``lump`` tokens they have fallen behind by, divided by ``spread``.
-        A set of rules never timed drafts for free until it is: one step times it."""
-        fit = self.draft_fit(draft_key)
+        A cost group never timed drafts for free until it is: one step times it."""
         out = []
         for k in range(self.max_tokens + 1):
             emitted = rows + float(gain[:k].sum())
             cost = self.target.predict(rows + k * drafting)
             if k > 0:
                 steady = drafting + float(gain[:k].sum())
-                cost += max(fit.predict([k, k * drafting, steady + lump / spread]), 0.0)
+                cost += self.draft_seconds(draft_key, k, drafting, steady + lump / spread)
             out.append(emitted / max(cost, 1e-6))
         return out
 
