@@ -353,6 +353,36 @@ def _patch_multiprocess_metrics() -> None:
     patch(multiprocess, "MultiProcessCollector", MultiProcessCollector, _patch_multiprocess_metrics.__doc__)
 
 
+def _patch_aot_compile_load() -> None:
+    """Why: vLLM 0.32.0 saves each compiled model to its AOT compile cache and loads it at
+    the next start (``compilation/decorators.py::_try_load_aot_compiled_fn``), calling
+    ``finalize_loading`` on the loaded function. vLLM's ``VllmSerializableFunction`` has
+    one; but on CPU the platform compiles with ``DYNAMO_TRACE_ONCE`` and the inductor
+    backend, whose loaded function (torch's ``BundledAOTAutogradSerializableCallable``) is
+    a plain function, so every load failed ("'function' object has no attribute
+    'finalize_loading'") and every engine compiled from scratch: the 0.5B target took
+    129 s to start on a 2-core CPU, 67-75 s loading its compiled model. A loaded inductor
+    function is complete, so it gets a ``finalize_loading`` that does nothing. Targets
+    torch 2.13's ``torch._dynamo.aot_compile_types``, as vLLM 0.32.0 loads through it;
+    vLLM's own functions already have the method and are left as they are."""
+    from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
+
+    original = Bundled.deserialize_compile_artifacts.__func__
+
+    def deserialize_compile_artifacts(cls: type, data: bytes) -> Any:
+        fn = original(cls, data)
+        if not hasattr(fn, "finalize_loading"):
+            fn.finalize_loading = _finalized
+        return fn
+
+    patch(Bundled, "deserialize_compile_artifacts", classmethod(deserialize_compile_artifacts),
+          _patch_aot_compile_load.__doc__)
+
+
+def _finalized(vllm_config: Any) -> None:
+    """``finalize_loading`` of a loaded inductor function: nothing left to do."""
+
+
 def _guard_unsupported_version(version: str) -> None:
     """On an unsupported vLLM, make a hetero config fail at start-up with the versions
     (vLLM's own error for an unknown method would not say why). The one patch applied
@@ -410,5 +440,6 @@ def apply() -> bool:
     _patch_cli_args()
     _patch_request_validation()
     _patch_multiprocess_metrics()
+    _patch_aot_compile_load()
     _applied = True
     return True

