@@ -358,10 +358,11 @@ def _patch_aot_compile_load() -> None:
     the next start (``compilation/decorators.py::_try_load_aot_compiled_fn``), calling
     ``finalize_loading`` on the loaded function. vLLM's ``VllmSerializableFunction`` has
     one; but on CPU the platform compiles with ``DYNAMO_TRACE_ONCE`` and the inductor
-    backend, whose loaded function (torch's ``BundledAOTAutogradSerializableCallable``) is
-    a plain function, so every load failed ("'function' object has no attribute
-    'finalize_loading'") and every engine compiled from scratch: the 0.5B target took
-    129 s to start on a 2-core CPU, 67-75 s loading its compiled model. A loaded inductor
+    backend, whose loaded function (torch's ``BundledAOTAutogradSerializableCallable``,
+    wrapping a plain function) has no such method, so every load failed ("'function'
+    object has no attribute 'finalize_loading'") and every engine compiled from scratch:
+    the 0.5B target took 129 s to start on a 2-core CPU, 67-81 s loading its compiled
+    model. A loaded inductor
     function is complete, so it gets a ``finalize_loading`` that does nothing. Targets
     torch 2.13's ``torch._dynamo.aot_compile_types``, as vLLM 0.32.0 loads through it;
     vLLM's own functions already have the method and are left as they are."""
