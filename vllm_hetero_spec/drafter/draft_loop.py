@@ -17,6 +17,7 @@ import torch
 
 from vllm_hetero_spec.drafter.messages import DraftOutput
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
+from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class DraftLoop:
         # The q-keeping rows among a prefix of the loop's rows are a prefix of these.
         self._keepers = None
         if self.token_level and 0 < len(keepers) < n:
-            self._keepers = torch.tensor(keepers, dtype=torch.long, device=engine.runtime.device)
+            self._keepers = to_device(keepers, torch.long, engine.runtime.device)
 
     def rows_of(self, sampled: torch.Tensor, live: list[int]) -> torch.Tensor:
         """The previous position's samples ``[len(prev_live)]`` of the rows in ``live``."""
@@ -77,7 +78,7 @@ class DraftLoop:
         if live == prev[: len(live)]:
             return sampled.narrow(0, 0, len(live))
         where = {j: pos for pos, j in enumerate(prev)}
-        return sampled.index_select(0, torch.tensor([where[j] for j in live], device=sampled.device))
+        return sampled.index_select(0, to_device([where[j] for j in live], torch.long, sampled.device))
 
     def sample(self, logits: torch.Tensor, live: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Sample one position for the rows in ``live`` from their logits ``[n, vocab]``.
@@ -100,7 +101,7 @@ class DraftLoop:
                     if prefix:
                         index = self._keepers.narrow(0, 0, len(with_q))
                     else:
-                        index = torch.tensor(with_q, device=part.device)
+                        index = to_device(with_q, torch.long, part.device)
                     part = part.index_select(0, index)
                 self.q_parts.append(part)
                 for rank, pos in enumerate(with_q):

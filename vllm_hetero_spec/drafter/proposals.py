@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from vllm_hetero_spec.vocab.alignment import dtw_align_batch
 from vllm_hetero_spec.drafter.messages import DraftOutput, FirstToken, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows, processed_probs, sample
 from vllm_hetero_spec.drafter.slrs import StringLevelProposer
 from vllm_hetero_spec.drafter.token_level import RESTRICTED, draft_step
-from vllm_hetero_spec.vocab.dtw import transfer_probs
+from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
+from vllm_hetero_spec.vocab.alignment import dtw_align_batch
+from vllm_hetero_spec.vocab.dtw import transfer_probs
 from vllm_hetero_spec.vocab.retokenize import propose_continuations
 
 if TYPE_CHECKING:
@@ -154,8 +155,8 @@ class DtwFaithful(StringLevel):
             probs += list(q)
         if probs:
             device = self.engine.runtime.device
-            out.q = DraftProbs(torch.tensor(probs, dtype=torch.float32, device=device).unsqueeze(1),
-                               torch.tensor(support, dtype=torch.long, device=device).unsqueeze(1))
+            out.q = DraftProbs(to_device(probs, torch.float32, device).unsqueeze(1),
+                               to_device(support, torch.long, device).unsqueeze(1))
 
 
 class Slrs(StringLevel):

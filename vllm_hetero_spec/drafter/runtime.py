@@ -29,6 +29,7 @@ from vllm_hetero_spec.drafter.input_staging import InputStaging
 from vllm_hetero_spec.drafter.kv_layout import allocate_layer_caches
 from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache, PoolExhausted, TokenTree
 from vllm_hetero_spec.drafter.tp_group import draft_tp_group, tensor_parallel_group
+from vllm_hetero_spec.host_to_device import to_device
 
 _PREFIX = "hetero_draft"
 
@@ -157,8 +158,8 @@ class DraftModelRuntime:
         self.groups = list(groups.values())
 
     def _copy_blocks(self, src: list[int], dst: list[int]) -> None:
-        s = torch.tensor(src, dtype=torch.long, device=self.device)
-        d = torch.tensor(dst, dtype=torch.long, device=self.device)
+        s = to_device(src, torch.long, self.device)
+        d = to_device(dst, torch.long, self.device)
         for kv in self.kv:
             kv.index_copy_(0, d, kv.index_select(0, s))
 

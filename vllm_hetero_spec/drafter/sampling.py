@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_hetero_spec.host_to_device import to_device
+
 # vLLM's own threshold (``SamplingParams``): a temperature below it is greedy.
 GREEDY_EPS = 1e-5
 
@@ -51,7 +53,7 @@ class SamplingRows:
     ) -> "SamplingRows":
         """The settings on ``device`` in one host-to-device copy (top-k travels as a
         float32, exact for any vocabulary size below 2**24)."""
-        settings = torch.tensor([temperature, top_k, top_p], dtype=torch.float32, device=device)
+        settings = to_device([temperature, top_k, top_p], torch.float32, device)
         return cls(
             settings.select(0, 0), settings.select(0, 1).long(), settings.select(0, 2), list(generators),
             (list(temperature), list(top_k), list(top_p)), shared,

@@ -21,6 +21,7 @@ from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted, TokenTr
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs
 from vllm_hetero_spec.drafter.string_level import PsiPlanner, TreeBuilder
+from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.vocab.retokenize import TokenEncoder
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
@@ -185,7 +186,7 @@ class StringLevelProposer:
         for i, ((ids, psi), total) in enumerate(zip(tables, totals)):
             if total < MIN_COVERAGE:
                 continue
-            ids_t = torch.tensor(ids, dtype=torch.long, device=psi.device)
+            ids_t = to_device(ids, torch.long, psi.device)
             support, col = torch.unique(ids_t, sorted=True, return_inverse=True)
             law = torch.zeros(len(support), dtype=torch.float64, device=psi.device).index_add_(0, col, psi / total).float()
             gen = rows.generator(i)

@@ -42,6 +42,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
 
 
@@ -188,7 +189,7 @@ class TreeBuilder:
         # Every candidate's terms are built on the host (per-string plans) and moved in one copy.
         terms = torch.from_numpy(np.stack([np.concatenate(p).astype(np.int64) for p in parts])).to(device)
         cand, node, lo, hi, sign = terms.unbind(0)
-        prob = torch.tensor(self.prob, dtype=torch.float64, device=device)
+        prob = to_device(self.prob, torch.float64, device)
         mass = cum.index_select(0, node * width + hi) - cum.index_select(0, node * width + lo)
         value = sign.to(torch.float64) * prob.index_select(0, node) * mass
         psi = torch.zeros(len(ids), dtype=torch.float64, device=device).index_add_(0, cand, value)

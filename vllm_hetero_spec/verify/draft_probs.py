@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_hetero_spec.host_to_device import to_device
+
 
 @dataclass
 class DraftProbs:
@@ -77,7 +79,7 @@ class DraftProbs:
 
     def take(self, rows: list[int]) -> "DraftProbs":
         """The rows ``rows`` only, in that order."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.probs.device)
+        index = to_device(rows, torch.long, self.probs.device)
         support = self.support if self.shared else self.support.index_select(0, index)
         return DraftProbs(self.probs.index_select(0, index), support)
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.verify.rules import BlockQ, FuzzyAcceptance
 
@@ -80,13 +81,13 @@ class VerifyPlan:
         q = None
         if self.q is not None:
             index = [(self.q_index.get(r, []) + [-1] * k)[:k] for r in own]
-            q = BlockQ(self.q.to(device), torch.tensor(index, dtype=torch.long, device=device))
+            q = BlockQ(self.q.to(device), to_device(index, torch.long, device))
         force = None
         if self.force_reject:
             flags = [(self.force_reject.get(r, []) + [False] * k)[:k] for r in own]
-            force = torch.tensor(flags, dtype=torch.bool, device=device)
+            force = to_device(flags, torch.bool, device)
         fuzzy = None
         if self.fsd_threshold is not None and q is not None:
             tau = [self.fsd_threshold.get(r, 0.0) for r in own]
-            fuzzy = FuzzyAcceptance(torch.tensor(tau, dtype=torch.float64, device=device), self.divergence, self.topk)
+            fuzzy = FuzzyAcceptance(to_device(tau, torch.float64, device), self.divergence, self.topk)
         return BlockPlan(q, force, fuzzy)

@@ -39,6 +39,7 @@ from vllm.v1.sample.rejection_sampler import RejectionSampler, apply_sampling_co
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
+from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.verify.plan import VerifyPlan
 from vllm_hetero_spec.verify.rules import verify_tokens
@@ -58,7 +59,7 @@ def _padded_index(num_draft: list[int], k: int, device: torch.device) -> tuple[t
     """``[B, K]`` indices into the flat draft-token axis (clamped for padding) and the
     ``[B]`` draft counts, to read vLLM's flattened layout as a padded block (built on
     ``device`` from the host-side counts, so no sync)."""
-    counts = torch.tensor(num_draft, dtype=torch.long, device=device)
+    counts = to_device(num_draft, torch.long, device)
     starts = torch.cumsum(counts, 0) - counts
     idx = starts.unsqueeze(1) + torch.arange(k, device=device).unsqueeze(0)
     return idx.clamp(max=max(sum(num_draft) - 1, 0)), counts
@@ -76,7 +77,7 @@ def _random_draws(
     seeded = [r for r in sampled if r in generators]
     uniform = torch.zeros(b, k, dtype=torch.float64, device=device)
     if unseeded:
-        rows = torch.tensor(unseeded, dtype=torch.long, device=device)
+        rows = to_device(unseeded, torch.long, device)
         uniform.index_copy_(0, rows, torch.rand(len(unseeded), k, dtype=torch.float64, device=device))
     noise = torch.empty(len(sampled), vocab, dtype=torch.float32, device=device)
     noise.narrow(0, 0, len(unseeded)).exponential_()
@@ -84,7 +85,7 @@ def _random_draws(
         uniform.select(0, r).narrow(0, 0, num_draft[r]).uniform_(generator=generators[r])
     for j, r in enumerate(seeded):
         noise.select(0, len(unseeded) + j).exponential_(generator=generators[r])
-    noise_rows = torch.tensor(unseeded + seeded, dtype=torch.long, device=device)
+    noise_rows = to_device(unseeded + seeded, torch.long, device)
     return uniform, noise, noise_rows
 
 
@@ -168,7 +169,7 @@ class HeteroRejectionSampler(RejectionSampler):
         block = plan.layout(rows.req_ids, num_draft, k, device)
         sampled = [r for r in range(b) if num_draft[r] > 0 and not rows.greedy[r]]
         any_greedy = any(rows.greedy)
-        greedy = torch.tensor(list(rows.greedy), dtype=torch.bool, device=device)
+        greedy = to_device(list(rows.greedy), torch.bool, device)
         uniform, noise, noise_rows = _random_draws(sampled, num_draft, k, vocab, sampling_metadata.generators, device)
         # Greedy rows read only the argmax: skip the softmax when no row needs p.
         target_probs = target_logits if not sampled and block.fuzzy is None else target_logits.softmax(dim=-1)
