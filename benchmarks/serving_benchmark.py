@@ -41,9 +41,9 @@ COUNTERS = (
     "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total", "hetero:budget_steps_total", "hetero:draft_length_sum_total",
     "hetero:undrafted_steps_total", "hetero:slem_request_steps_total", "hetero:tli_request_steps_total",
-    "hetero:slrs_request_steps_total",
+    "hetero:slrs_request_steps_total", "hetero:draft_seconds_total", "hetero:bridge_seconds_total",
 )
-BENCH_KEYS = ("num_prompts", "completed", "failed", "output_throughput", "request_throughput", "median_ttft_ms",
+BENCH_KEYS = ("duration", "num_prompts", "completed", "failed", "output_throughput", "request_throughput", "median_ttft_ms",
               "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "mean_tpot_ms")
 
 
@@ -92,6 +92,9 @@ def speculation(before: dict[str, float], after: dict[str, float]) -> dict:
         steps = d["hetero:budget_steps_total"]
         out["mean_draft_length"] = d["hetero:draft_length_sum_total"] / steps
         out["undrafted_share"] = d["hetero:undrafted_steps_total"] / steps
+        # The drafter's own time in the cell (its forwards and sampling, plus the bridge):
+        # what speculation spent, drafted steps' catch-up on prompts included.
+        out["drafter_s"] = d["hetero:draft_seconds_total"] + d["hetero:bridge_seconds_total"]
         out["rules"] = {rule: d[f"hetero:{rule}_request_steps_total"] for rule in ("slem", "tli", "slrs")
                         if d[f"hetero:{rule}_request_steps_total"]}
     elif d["vllm:spec_decode_num_drafts_total"]:
@@ -174,11 +177,13 @@ def write_markdown(name: str, rows: list[dict], meta: dict) -> None:
         f"vLLM built-in: `draft_model` + `use_heterogeneous_vocab`, {Path(meta['draft']).name}, k = {a['k']}. "
         f"One run, {meta['date']}, "
         f"{meta['machine']}; servers one after the other. Draft length: the mean over steps (ours: the budget's "
-        "choice, 0 on undrafted steps).",
+        "choice, 0 on undrafted steps). Drafter s: seconds the server's drafter spent in the cell (forwards, "
+        "sampling, the bridge), against the cell's wall time.",
         "",
         "| T | concurrency | configuration | output tok/s | vs plain | TTFT median / p99 ms | "
-        "TPOT median / p99 ms | acceptance | draft length | undrafted steps | rules (request-steps) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "TPOT median / p99 ms | acceptance | draft length | undrafted steps | drafter s / cell s | "
+        "rules (request-steps) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: (r["temperature"], r["concurrency"])):
         base = _base(rows, r)
@@ -186,13 +191,14 @@ def write_markdown(name: str, rows: list[dict], meta: dict) -> None:
         acc = r.get("acceptance")
         rules = ", ".join(f"{k} {v:.0f}" for k, v in (r.get("rules") or {}).items()) or "-"
         undrafted = r.get("undrafted_share")
+        spent = f"{r['drafter_s']:.1f} / {r['duration']:.0f}" if r.get("drafter_s") is not None and r.get("duration") else "-"
         lines.append(
             f"| {r['temperature']:g} | {r['concurrency']} | {r['configuration']} | "
             f"{_fmt(r['output_throughput'], '.2f')} | {ratio} | "
             f"{_fmt(r['median_ttft_ms'], '.0f')} / {_fmt(r['p99_ttft_ms'], '.0f')} | "
             f"{_fmt(r['median_tpot_ms'], '.0f')} / {_fmt(r['p99_tpot_ms'], '.0f')} | "
             f"{'-' if acc is None else f'{acc:.0%}'} | {_fmt(r.get('mean_draft_length'), '.2f')} | "
-            f"{'-' if undrafted is None else f'{undrafted:.0%}'} | {rules} |")
+            f"{'-' if undrafted is None else f'{undrafted:.0%}'} | {spent} | {rules} |")
     failed = sum(r["failed"] or 0 for r in rows)
     lines += ["", f"Failed requests over all cells: {failed}."]
     (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
