@@ -166,8 +166,8 @@ MUTATIONS = [
     Mutation(
         "noise-order", "verification noise rows laid out in batch order (seeded rows get other rows' draws)",
         "vllm_hetero_spec/verify/sampler.py",
-        "noise_rows = torch.tensor(unseeded + seeded, dtype=torch.long, device=device)",
-        "noise_rows = torch.tensor(sorted(unseeded + seeded), dtype=torch.long, device=device)",
+        "noise_rows = to_device(unseeded + seeded, torch.long, device)",
+        "noise_rows = to_device(sorted(unseeded + seeded), torch.long, device)",
         ("tests/verify/test_sampler_adapter.py", "-k", "its_row"),
     ),
     Mutation(
