@@ -154,7 +154,8 @@ def main() -> None:
                     # After every cell, so that an interrupted run keeps what it measured.
                     (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
                     write_markdown(args.name, rows, meta)
-                    plot(args.name, rows)
+                    if any(r["configuration"] == PLAIN for r in rows):  # the plot is drawn against plain
+                        plot(args.name, rows)
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
