@@ -114,17 +114,19 @@ def check_agreement(device: torch.device, inter: VocabIntersection, seeds: int) 
     dev_inter = inter.to(device)
     mismatched = 0
     for seed in range(seeds):
-        a = verify_tokens(**verify_inputs(8, inter, seed, cpu))
-        b = verify_tokens(**verify_inputs(8, inter, seed, device)).cpu()
+        inputs = verify_inputs(8, inter, seed, cpu)  # made once, then copied
+        a = verify_tokens(**inputs)
+        b = verify_tokens(**{name: _to(v, device) for name, v in inputs.items()}).cpu()
         mismatched += int((a != b).any(dim=1).sum())
     q_diff, greedy_same = {}, True
     logits = torch.randn(8, DRAFT_V, generator=torch.Generator().manual_seed(0)) * 3
+    cpu_rows, dev_rows = rows(8, cpu), rows(8, device)
+    greedy = cpu_rows.greedy
     for algorithm in TOKEN_LEVEL:
-        on_cpu = draft_step(logits, rows(8, cpu), inter, algorithm)
-        on_dev = draft_step(logits.to(device), rows(8, device), dev_inter, algorithm)
+        on_cpu = draft_step(logits, cpu_rows, inter, algorithm)
+        on_dev = draft_step(logits.to(device), dev_rows, dev_inter, algorithm)
         q_diff[algorithm] = max(float((on_cpu.q - on_dev.q.cpu()).abs().max()),
                                 float((on_cpu.verify_q - on_dev.verify_q.cpu()).abs().max()))
-        greedy = rows(8, cpu).greedy
         greedy_same &= bool((on_cpu.ids[greedy] == on_dev.ids.cpu()[greedy]).all())
     return {"verify_steps": seeds, "rows_differing": mismatched, "max_abs_q_difference": q_diff,
             "greedy_draft_ids_equal": greedy_same,
