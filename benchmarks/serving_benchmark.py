@@ -11,7 +11,9 @@ chose (ours: mean over steps, and the share of steps it left undrafted) and the 
 ``auto`` drafted with. Same machine, same run, servers one after the other (two 1.5B
 servers do not fit beside each other in 24 GB with their drafters).
 
-    .venv/bin/python benchmarks/serving_benchmark.py                   # ~70 min on 2 cores
+    .venv/bin/python benchmarks/serving_benchmark.py                   # ~115 min on 2 cores
+    .venv/bin/python benchmarks/serving_benchmark.py --only plain ours --cells 0:1 1:4 1:16 --repeats 2 \
+        --name serving_ab                                              # interleaved A/B, ~65 min
     .venv/bin/python benchmarks/serving_benchmark.py --concurrency 1 4 --temperatures 0 --min-requests 4 \
         --warmups 1                                                    # ~27 min
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import subprocess
 import tempfile
 import time
@@ -107,6 +110,14 @@ def requests_at(concurrency: int, minimum: int) -> int:
     return max(minimum, 2 * concurrency)
 
 
+def cell_list(args: argparse.Namespace) -> list[tuple[float, int]]:
+    """(temperature, concurrency) cells in run order: ``--cells T:C`` if given, else the
+    product of ``--temperatures`` and ``--concurrency``."""
+    if args.cells:
+        return [(float(t), int(c)) for t, c in (cell.split(":") for cell in args.cells)]
+    return [(t, c) for t in args.temperatures for c in args.concurrency]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", default="serving_v2")
@@ -115,6 +126,11 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=4, help="vLLM's built-in draft length (the shipped config's is 4)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--cells", nargs="+", metavar="T:C", help="run only these temperature:concurrency cells")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds; each round starts every server again, in turn, so runs interleave")
+    ap.add_argument("--server-env", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="extra environment for every server (e.g. VLLM_CPU_NUM_OF_RESERVED_CPU=0)")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--min-requests", type=int, default=8, help="requests per cell: two waves, at least this many")
     ap.add_argument("--warmups", type=int, default=2, help="warm-up requests before each cell (untimed)")
@@ -127,80 +143,117 @@ def main() -> None:
     draft = str(ensure_model(args.draft))
     OUT.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="serving_bench-"))
-    most = requests_at(max(args.concurrency), args.min_requests)
+    cells = cell_list(args)
+    most = requests_at(max(c for _, c in cells), args.min_requests)
     dataset = sharegpt_file(work / "held_out.json", held_out_questions(most + 2, args.skip))
+    server_env = dict(kv.split("=", 1) for kv in args.server_env)
     meta = {"args": vars(args), "target": target, "draft": draft, "date": time.strftime("%Y-%m-%d %H:%M"),
             "machine": f"{platform.machine()} {platform.processor()}", "logs": str(work)}
     rows: list[dict] = []
-    for name, spec in servers(draft, args.k).items():
-        if args.only and not any(s in name for s in args.only):
-            continue
-        extra = ["--dtype", "float32", "--max-model-len", str(args.max_model_len), "--generation-config", "vllm"]
-        if spec is not None:
-            extra += ["--speculative-config", spec]
-        slug = name.split(" ")[0]
-        began = time.monotonic()
-        with ServerProcess(target, extra, work / f"{slug}.log") as server:
-            startup_s = time.monotonic() - began
-            for t in args.temperatures:
-                for c in args.concurrency:
+    for rnd in range(args.repeats):
+        for name, spec in servers(draft, args.k).items():
+            if args.only and not any(s in name for s in args.only):
+                continue
+            extra = ["--dtype", "float32", "--max-model-len", str(args.max_model_len), "--generation-config", "vllm"]
+            if spec is not None:
+                extra += ["--speculative-config", spec]
+            slug = f"{name.split(' ')[0]}-r{rnd}"
+            began = time.monotonic()
+            with ServerProcess(target, extra, work / f"{slug}.log", env=server_env) as server:
+                startup_s = time.monotonic() - began
+                for t, c in cells:
                     before = counters(server)
                     n = requests_at(c, args.min_requests)
                     res = bench(server, dataset, n, c, t, args.output_len, args.warmups, work / f"{slug}-{t}-{c}.json")
-                    rows.append({"configuration": name, "temperature": t, "concurrency": c, "startup_s": startup_s,
-                                 **{key: res.get(key) for key in BENCH_KEYS},
+                    rows.append({"configuration": name, "round": rnd, "temperature": t, "concurrency": c,
+                                 "startup_s": startup_s, **{key: res.get(key) for key in BENCH_KEYS},
                                  **speculation(before, counters(server))})
                     print(json.dumps(rows[-1]), flush=True)
                     # After every cell, so that an interrupted run keeps what it measured.
                     (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-                    write_markdown(args.name, rows, meta)
-                    if any(r["configuration"] == PLAIN for r in rows):  # the plot is drawn against plain
-                        plot(args.name, rows)
+                    summary = summarize(rows)
+                    write_markdown(args.name, summary, meta)
+                    if any(r["configuration"] == PLAIN for r in summary):  # the plot is drawn against plain
+                        plot(args.name, summary)
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _base(rows: list[dict], r: dict) -> dict | None:
-    return next((p for p in rows if p["configuration"] == PLAIN and p["temperature"] == r["temperature"]
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One row per (configuration, T, concurrency): per-run figures' medians over the
+    rounds, the runs' throughputs, and counters pooled over the rounds."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["configuration"], r["temperature"], r["concurrency"]), []).append(r)
+    out = []
+    for (conf, t, c), runs in groups.items():
+        agg = {"configuration": conf, "temperature": t, "concurrency": c,
+               "runs": [r["output_throughput"] for r in runs], "failed": sum(r["failed"] or 0 for r in runs)}
+        for key in ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+                    "acceptance", "mean_draft_length", "undrafted_share", "drafter_s", "duration"):
+            agg[key] = _median([r.get(key) for r in runs])
+        rules: dict[str, float] = {}
+        for r in runs:
+            for rule, steps in (r.get("rules") or {}).items():
+                rules[rule] = rules.get(rule, 0) + steps
+        agg["rules"] = rules
+        out.append(agg)
+    return out
+
+
+def _base(summary: list[dict], r: dict) -> dict | None:
+    return next((p for p in summary if p["configuration"] == PLAIN and p["temperature"] == r["temperature"]
                  and p["concurrency"] == r["concurrency"]), None)
 
 
-def write_markdown(name: str, rows: list[dict], meta: dict) -> None:
+def write_markdown(name: str, summary: list[dict], meta: dict) -> None:
     a = meta["args"]
+    rounds = a.get("repeats", 1)
+    env = ", ".join(f"`{kv}`" for kv in a.get("server_env") or [])
     lines = [
-        f"Target {Path(meta['target']).name} (float32), `vllm serve` with vLLM's default flags, "
+        f"Target {Path(meta['target']).name} (float32), `vllm serve` with vLLM's default flags"
+        f"{f' and {env} in its environment' if env else ''}, "
         f"`vllm bench serve` (chat endpoint) sending held-out Spec-Bench questions (past the first {a['skip']}, "
         f"<= 1,200 characters), {a['output_len']} output tokens each (EOS ignored), two waves of requests per cell "
         f"(twice the concurrency, at least {a['min_requests']}) after {a['warmups']} warm-up request(s). "
         "Ours: `configs/hetero.json` (SmolLM2-135M, `auto`, adaptive draft length <= 4); "
         f"vLLM built-in: `draft_model` + `use_heterogeneous_vocab`, {Path(meta['draft']).name}, k = {a['k']}. "
-        f"One run, {meta['date']}, "
-        f"{meta['machine']}; servers one after the other. Draft length: the mean over steps (ours: the budget's "
-        "choice, 0 on undrafted steps). Drafter s: seconds the server's drafter spent in the cell (forwards, "
-        "sampling, the bridge), against the cell's wall time.",
+        f"{rounds} round(s), {meta['date']}, {meta['machine']}; servers one after the other, every server started "
+        "again in each round, so the configurations' runs interleave. Figures are medians over the rounds; "
+        "vs plain = median over plain's median, spread = the runs' min-max over plain's median. "
+        "Draft length: the mean over steps (ours: the budget's choice, 0 on undrafted steps). Drafter s: "
+        "seconds the server's drafter spent in the cell (forwards, sampling, the bridge), against the cell's "
+        "wall time.",
         "",
-        "| T | concurrency | configuration | output tok/s | vs plain | TTFT median / p99 ms | "
+        "| T | concurrency | configuration | output tok/s (runs) | vs plain | spread | TTFT median / p99 ms | "
         "TPOT median / p99 ms | acceptance | draft length | undrafted steps | drafter s / cell s | "
         "rules (request-steps) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(rows, key=lambda r: (r["temperature"], r["concurrency"])):
-        base = _base(rows, r)
+    for r in sorted(summary, key=lambda r: (r["temperature"], r["concurrency"])):
+        base = _base(summary, r)
         ratio = f"{r['output_throughput'] / base['output_throughput']:.2f}x" if base else "-"
+        spread = (f"{min(r['runs']) / base['output_throughput']:.2f}-{max(r['runs']) / base['output_throughput']:.2f}"
+                  if base else "-")
         acc = r.get("acceptance")
-        rules = ", ".join(f"{k} {v:.0f}" for k, v in (r.get("rules") or {}).items()) or "-"
+        rules = ", ".join(f"{k} {v:.0f}" for k, v in r["rules"].items()) or "-"
         undrafted = r.get("undrafted_share")
         spent = f"{r['drafter_s']:.1f} / {r['duration']:.0f}" if r.get("drafter_s") is not None and r.get("duration") else "-"
         lines.append(
             f"| {r['temperature']:g} | {r['concurrency']} | {r['configuration']} | "
-            f"{_fmt(r['output_throughput'], '.2f')} | {ratio} | "
+            f"{' / '.join(f'{x:.2f}' for x in r['runs'])} | {ratio} | {spread} | "
             f"{_fmt(r['median_ttft_ms'], '.0f')} / {_fmt(r['p99_ttft_ms'], '.0f')} | "
             f"{_fmt(r['median_tpot_ms'], '.0f')} / {_fmt(r['p99_tpot_ms'], '.0f')} | "
             f"{'-' if acc is None else f'{acc:.0%}'} | {_fmt(r.get('mean_draft_length'), '.2f')} | "
             f"{'-' if undrafted is None else f'{undrafted:.0%}'} | {spent} | {rules} |")
-    failed = sum(r["failed"] or 0 for r in rows)
+    failed = sum(r["failed"] for r in summary)
     lines += ["", f"Failed requests over all cells: {failed}."]
     (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
 

@@ -39,9 +39,11 @@ def vllm_command() -> list[str]:
 class ServerProcess:
     """``vllm serve MODEL ARGS...`` on 127.0.0.1; use as a context manager."""
 
-    def __init__(self, model: str, args: list[str], log_path: Path, startup_timeout: float = 600):
+    def __init__(self, model: str, args: list[str], log_path: Path, startup_timeout: float = 600,
+                 env: dict[str, str] | None = None):
         self.model = model
         self.args = args
+        self.env = env or {}
         self.log_path = log_path
         self.startup_timeout = startup_timeout
         self.port = free_port()
@@ -62,6 +64,7 @@ class ServerProcess:
         cmd = [*vllm_command(), "serve", self.model, "--host", "127.0.0.1", "--port", str(self.port), *self.args]
         env = default_env()
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's normal process layout
+        env.update(self.env)
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self._deadline = time.monotonic() + self.startup_timeout
