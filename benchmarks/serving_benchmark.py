@@ -45,6 +45,7 @@ COUNTERS = (
     "vllm:spec_decode_num_accepted_tokens_total", "hetero:budget_steps_total", "hetero:draft_length_sum_total",
     "hetero:undrafted_steps_total", "hetero:slem_request_steps_total", "hetero:tli_request_steps_total",
     "hetero:slrs_request_steps_total", "hetero:draft_seconds_total", "hetero:bridge_seconds_total",
+    "hetero:undrafted_requests_total",
 )
 BENCH_KEYS = ("duration", "num_prompts", "completed", "failed", "output_throughput", "request_throughput", "median_ttft_ms",
               "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "mean_tpot_ms")
@@ -98,6 +99,9 @@ def speculation(before: dict[str, float], after: dict[str, float]) -> dict:
         # The drafter's own time in the cell (its forwards and sampling, plus the bridge):
         # what speculation spent, drafted steps' catch-up on prompts included.
         out["drafter_s"] = d["hetero:draft_seconds_total"] + d["hetero:bridge_seconds_total"]
+        # Undrafted steps are the budget's k = 0 plus steps where no row came out with a
+        # proposal; request-steps with nothing to draft from are one cause of the latter.
+        out["nothing_to_draft_request_steps"] = d["hetero:undrafted_requests_total"]
         out["rules"] = {rule: d[f"hetero:{rule}_request_steps_total"] for rule in ("slem", "tli", "slrs")
                         if d[f"hetero:{rule}_request_steps_total"]}
     elif d["vllm:spec_decode_num_drafts_total"]:

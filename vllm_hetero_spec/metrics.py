@@ -70,7 +70,8 @@ COUNTERS: dict[str, str] = {
     "draft_length_sum": "Sum over steps of the step's draft length (the longest draft any request got); "
     "divide by hetero:budget_steps_total for the mean",
     "budget_steps": "Steps the draft budget planned (drafted or not)",
-    "undrafted_steps": "Steps the budget ran without any draft (k = 0: speculation would not pay)",
+    "undrafted_steps": "Steps that sent the verifier no proposal: the budget chose k = 0 (speculation would "
+    "not pay), or no row came out with a proposal (e.g. hetero:undrafted_requests_total)",
     **{f"{rule}_request_steps": f"algorithm auto: request-steps drafted with {rule}" for rule in LOSSLESS_RULES},
 }
 #: name -> help; exported as ``hetero:<name>``.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import time
 from pathlib import Path
@@ -262,6 +263,10 @@ class HeteroProposer:
         self.budget.record(req_ids, proposed, end - start, end, row_lengths, rules)
         if self.rules is not None:
             self.rules.record(req_ids, temperatures, rules, proposed)
+        if logger.isEnabledFor(logging.DEBUG):  # VLLM_LOGGING_LEVEL=DEBUG
+            why, rates, lump = self.budget.last_plan
+            logger.debug("hetero spec step: planned %s, proposed %s, rules %s (%s; tok/s per k %s; catch-up lump %d)",
+                         lengths, proposed, rules, why, [round(r, 2) for r in rates], lump)
         self._publish()
         return out
 

@@ -178,6 +178,26 @@ def test_warmup_explores_one_plain_and_two() -> None:
     assert seen == [1, 0, 2]
 
 
+def test_each_plan_says_why() -> None:
+    """The proposer's debug log tells a planned k = 0 from a step that planned drafts and
+    got none: each plan records its reason, its expected rate per k and its lump."""
+    policy = AdaptiveBudget(4)
+    policy.plan(["a"], [True])
+    assert policy.last_plan == ("warm-up", [], 0.0)
+    simulate(policy, CPU, [ALPHA], 60)
+    ks = policy.plan(["r0"], [True], [PROMPT + 500])  # 500 tokens behind its draft state
+    why, rates, lump = policy.last_plan
+    assert why in ("best rate", "gain inside the margin", "probe") and len(rates) == 5
+    assert lump >= 400
+    if why == "best rate":
+        assert max(ks) <= int(np.argmax(rates))
+    busy = AdaptiveBudget(8)
+    simulate(busy, CPU, [ALPHA] * 8, 200)
+    busy.plan([f"r{i}" for i in range(8)], [True] * 8)
+    assert busy.last_plan[0] in ("best rate", "gain inside the margin", "probe")
+    assert FixedBudget(4).last_plan[0] == "fixed"
+
+
 def test_rows_not_drafting_get_nothing_and_the_floor_holds() -> None:
     policy = AdaptiveBudget(4, min_tokens=2)
     assert policy.plan(["a", "b"], [True, False]) == [2, 0]  # warm-up k = 1, raised to the floor

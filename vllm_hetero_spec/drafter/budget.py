@@ -339,6 +339,10 @@ class AdaptiveBudget:
         self.warmup_steps = 0
         self.chosen = Counter()  # steps per chosen k (the step's largest)
         self.last_k = max_tokens
+        # Why the last plan chose what it did, its expected rate per k and its catch-up
+        # lump (tokens): for the proposer's debug log (a step planned k > 0 and sent no
+        # proposal, or planned k = 0, looks the same in the counters).
+        self.last_plan: tuple[str, list[float], float] = ("", [], 0.0)
         self._last: _Step | None = None
 
     # -- learning ---------------------------------------------------------------------
@@ -485,6 +489,7 @@ class AdaptiveBudget:
         if not self.ready:
             k = min(_WARMUP[self.warmup_steps % len(_WARMUP)], self.max_tokens)
             self.warmup_steps += 1
+            self.last_plan = ("warm-up", [], 0.0)
             return self._clamp([k] * rows, drafting)
         bucket = self.buckets.setdefault(bucket_of(rows), _Bucket())
         step = bucket.steps
@@ -501,10 +506,12 @@ class AdaptiveBudget:
         key = _draft_key(rules, drafting)
         rates = self.rates(rows, gain, n_drafting, lump, self.horizon, key)
         best = int(np.argmax(rates[self.min_tokens :])) + self.min_tokens
+        self.last_plan = ("best rate", rates, lump)
         if best > 0 and self.min_tokens == 0 and rates[best] < (1 + self.margin) * rates[0]:
             # A gain this small is inside the model's error, and drafting has a cost the
             # steady-state rate leaves out: the drafter's first pass over each context.
             best = 0
+            self.last_plan = ("gain inside the margin", rates, lump)
         if self.explore_every and step % self.explore_every == self.explore_every // 2:
             up = (bucket.probes + 1) % 2 == 1
             probe = best + 1 if (up and best < self.max_tokens) or best == self.min_tokens else best - 1
@@ -517,6 +524,7 @@ class AdaptiveBudget:
             if loss <= self.allowance:
                 self.allowance -= loss
                 bucket.probes += 1
+                self.last_plan = ("probe", rates, lump)
                 return self._clamp([probe] * rows, drafting)
         if best == 0:
             return [0] * rows
@@ -538,6 +546,7 @@ class FixedBudget:
         self.max_tokens = max_tokens
         self.chosen = Counter()
         self.last_k = max_tokens
+        self.last_plan: tuple[str, list[float], float] = ("fixed", [], 0.0)
 
     def observe(self, now: float, req_ids: list[str], sampled: list[int]) -> None:
         """Nothing to learn."""
