@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import torch
 from vllm.config import VllmConfig
-from vllm.logger import init_logger
 
 from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings, request_fsd_threshold
 from vllm_hetero_spec.drafter.budget import make_budget
@@ -39,10 +38,11 @@ from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepB
 from vllm_hetero_spec.drafter.executors import DraftExecutor, make_executor
 from vllm_hetero_spec.drafter.pool_size import engine_pool_mb
 from vllm_hetero_spec.drafter.rule_choice import RuleChooser
+from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.verify.plan import VerifyPlan
 
-logger = init_logger(__name__)
+logger = plugin_logger(__name__)
 
 CHECK_RANKS_ENV = "VLLM_HETERO_SPEC_CHECK_RANKS"
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig
-from vllm.logger import init_logger
 
 from vllm_hetero_spec.config import (
     ADDITIONAL_CONFIG_KEY,
@@ -19,9 +18,10 @@ from vllm_hetero_spec.config import (
     with_model_path,
 )
 from vllm_hetero_spec.drafter.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
+from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 
-logger = init_logger(__name__)
+logger = plugin_logger(__name__)
 
 __all__ = ["is_hetero", "prepare"]
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from vllm.logger import init_logger
 
+from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.pin import VLLM_VERSION
 
 SKIP_VERSION_CHECK_ENV = "VLLM_HETERO_SPEC_SKIP_VERSION_CHECK"
-logger = init_logger(__name__)
+logger = plugin_logger(__name__)
 
 
 @dataclass(frozen=True)

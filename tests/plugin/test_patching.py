@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import types
 from pathlib import Path
@@ -63,6 +64,9 @@ def test_another_vllm_version_disables_the_plugin_with_one_error(monkeypatch, ca
     for patched in (vllm_patches._patch_expand_kernel, vllm_patches._patch_verification_top_k_top_p,
                     vllm_patches._patch_model_runner):
         monkeypatch.setattr(vllm_patches, patched.__name__, lambda: pytest.fail("patched vLLM 9.9.9"))
+    # The plugin logs under vLLM's logger, which does not propagate to the root
+    # logger caplog listens on.
+    monkeypatch.setattr(logging.getLogger("vllm"), "handlers", [*logging.getLogger("vllm").handlers, caplog.handler])
     with caplog.at_level("ERROR"):
         assert vllm_patches.apply() is False
         assert vllm_patches.apply() is False

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import logging
 import os
 import threading
 import time
@@ -33,8 +32,9 @@ from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.engine import DraftEngine
 from vllm_hetero_spec.drafter.messages import DrafterStats, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.pipeline import PipelinedDrafter
+from vllm_hetero_spec.log import plugin_logger
 
-logger = logging.getLogger(__name__)
+logger = plugin_logger(__name__)
 
 NAMESPACE = "vllm_hetero_spec"
 HANG_TIMEOUTS = 4  # an actor silent for this many step timeouts is restarted

@@ -1,0 +1,31 @@
+"""The plugin's log lines reach the log vLLM writes (a server's, an engine's): its
+loggers sit under vLLM's ``vllm`` logger, which vLLM configures and which does not pass
+records on to Python's root logger. Outside it, INFO and DEBUG lines (the chosen draft
+dtype, the draft KV pool's size, the per-step debug log) were dropped."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import pytest
+
+MODULES = ("vllm_hetero_spec.proposer", "vllm_hetero_spec.startup", "vllm_hetero_spec.vllm_patches",
+           "vllm_hetero_spec.drafter.ray_executor")
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_plugin_loggers_write_where_vllm_does(name: str, monkeypatch) -> None:
+    logger = importlib.import_module(name).logger
+    vllm_logger = logging.getLogger("vllm")
+    seen: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    monkeypatch.setattr(vllm_logger, "handlers", [Collect()])
+    monkeypatch.setattr(vllm_logger, "level", logging.DEBUG)
+    logger.info("hetero spec: info line")
+    logger.debug("hetero spec: debug line")
+    assert [r.getMessage() for r in seen] == ["hetero spec: info line", "hetero spec: debug line"]
