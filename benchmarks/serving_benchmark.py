@@ -25,11 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from report import fmt, median
 
 from vllm_hetero_spec.harness.evaluation import default_env
 from vllm_hetero_spec.harness.models import ensure_model
@@ -181,15 +182,6 @@ def main() -> None:
                         plot(args.name, summary)
 
 
-def _fmt(x: float | None, spec: str = ".1f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _median(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
 def summarize(rows: list[dict]) -> list[dict]:
     """One row per (configuration, T, concurrency): per-run figures' medians over the
     rounds, the runs' throughputs, and counters pooled over the rounds."""
@@ -202,7 +194,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                "runs": [r["output_throughput"] for r in runs], "failed": sum(r["failed"] or 0 for r in runs)}
         for key in ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
                     "acceptance", "mean_draft_length", "undrafted_share", "drafter_s", "duration"):
-            agg[key] = _median([r.get(key) for r in runs])
+            agg[key] = median([r.get(key) for r in runs])
         rules: dict[str, float] = {}
         for r in runs:
             for rule, steps in (r.get("rules") or {}).items():
@@ -253,9 +245,9 @@ def write_markdown(name: str, summary: list[dict], meta: dict) -> None:
         lines.append(
             f"| {r['temperature']:g} | {r['concurrency']} | {r['configuration']} | "
             f"{' / '.join(f'{x:.2f}' for x in r['runs'])} | {ratio} | {spread} | "
-            f"{_fmt(r['median_ttft_ms'], '.0f')} / {_fmt(r['p99_ttft_ms'], '.0f')} | "
-            f"{_fmt(r['median_tpot_ms'], '.0f')} / {_fmt(r['p99_tpot_ms'], '.0f')} | "
-            f"{'-' if acc is None else f'{acc:.0%}'} | {_fmt(r.get('mean_draft_length'), '.2f')} | "
+            f"{fmt(r['median_ttft_ms'], '.0f')} / {fmt(r['p99_ttft_ms'], '.0f')} | "
+            f"{fmt(r['median_tpot_ms'], '.0f')} / {fmt(r['p99_tpot_ms'], '.0f')} | "
+            f"{'-' if acc is None else f'{acc:.0%}'} | {fmt(r.get('mean_draft_length'), '.2f')} | "
             f"{'-' if undrafted is None else f'{undrafted:.0%}'} | {spent} | {rules} |")
     failed = sum(r["failed"] for r in summary)
     lines += ["", f"Failed requests over all cells: {failed}."]

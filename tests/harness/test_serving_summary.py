@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "serving_benchmark
 
 @pytest.fixture(scope="module")
 def bench():
+    if str(SCRIPT.parent) not in sys.path:  # the script imports its sibling report.py, as when run
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("serving_benchmark", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
