@@ -263,6 +263,13 @@ MUTATIONS = [
         ("tests/drafter/test_rule_choice.py",),
     ),
     Mutation(
+        "auto-fixed-margin", "auto switches on any lead beyond the fixed margin, however noisy the comparison",
+        "vllm_hetero_spec/drafter/rule_choice.py",
+        "        margin = max(self.switch_margin, self.confidence * hypot(kind.noise[challenger], kind.noise[best]))",
+        "        margin = self.switch_margin",
+        ("tests/drafter/test_rule_choice.py",),
+    ),
+    Mutation(
         "auto-blocks", "auto compares rules in blocks of 16 steps instead of turns of two",
         "vllm_hetero_spec/drafter/rule_choice.py",
         "            return self.candidates[self.turn // 2 % len(self.candidates)]",

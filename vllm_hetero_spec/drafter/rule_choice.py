@@ -26,11 +26,15 @@ request of a step drafts with the same rule. A kind alternates between two phase
 - **Run.** The fastest -- tokens the kind's rows emitted per second of its steps, pooled
   over the comparison, weighed with the earlier comparisons' -- runs for
   ``run_steps`` informative steps; then the kind compares again, so the choice follows
-  a change of workload. A challenger replaces the incumbent only when it is faster by
-  more than ``switch_margin``: at batch 1 a few dozen steps resolve a difference of
-  10-15% only roughly (on the 1.5B target at T = 0 one comparison preferred ``tli``,
-  5.64 tok/s, where ``slem`` alone ran 6.3), and the listed order is the measured prior
-  (``slem`` for greedy requests, ``tli`` for sampled ones), so a close call keeps it.
+  a change of workload. A challenger replaces the incumbent only when it leads by more
+  than ``switch_margin`` *and* by more than ``confidence`` standard errors of the
+  comparison itself. At batch 1 the tokens a step emits swing from 1 to k + 1, so a few
+  dozen steps resolve a difference of 10-25% only roughly: on the 1.5B target at T = 0
+  on an AMD CPU, two comparisons measured ``tli`` 14% and 24% ahead, so ``auto`` ran
+  ``tli``, and ``slem`` alone then ran 10% faster than ``auto``. The listed order is
+  the measured prior (``slem`` for greedy requests, ``tli`` for sampled ones), so a
+  call inside the noise keeps it; a larger batch sums its rows' tokens per step, swings
+  less, and resolves finer differences.
 
 The choice is made before drafting and never looks at a draft, so each request is
 verified exactly as its rule alone would verify it: every candidate is lossless, so
@@ -40,6 +44,7 @@ the mix is.
 from __future__ import annotations
 
 from collections import Counter
+from math import hypot, sqrt
 from dataclasses import dataclass, field
 
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
@@ -49,15 +54,30 @@ GREEDY, SAMPLED = "greedy", "sampled"
 
 @dataclass
 class _Tally:
-    """Informative steps, tokens emitted and seconds of one rule in one comparison."""
+    """The counted steps of one rule in one comparison: tokens emitted and seconds each."""
 
-    steps: int = 0
-    tokens: float = 0.0
-    seconds: float = 0.0
+    per_step: list[tuple[float, float]] = field(default_factory=list)  # (tokens, seconds)
+
+    @property
+    def steps(self) -> int:
+        return len(self.per_step)
 
     @property
     def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        """Tokens per second over the steps (a ratio of sums: long steps weigh more)."""
+        seconds = sum(s for _, s in self.per_step)
+        return sum(t for t, _ in self.per_step) / seconds if seconds > 0 else 0.0
+
+    @property
+    def noise(self) -> float:
+        """The rate's relative standard error (the ratio estimator's, by the delta
+        method); 0 below two steps, where there is nothing to estimate it from."""
+        n, rate = self.steps, self.rate
+        if n < 2 or rate <= 0:
+            return 0.0
+        mean_seconds = sum(s for _, s in self.per_step) / n
+        spread = sum((t - rate * s) ** 2 for t, s in self.per_step) / (n - 1)
+        return sqrt(spread / n) / mean_seconds / rate
 
 
 @dataclass
@@ -66,6 +86,7 @@ class _Kind:
 
     candidates: tuple[str, ...]
     rates: dict[str, float] = field(default_factory=dict)  # rule -> weighed rate over comparisons
+    noise: dict[str, float] = field(default_factory=dict)  # rule -> that rate's relative standard error
     tallies: dict[str, _Tally] = field(default_factory=dict)  # the comparison running
     comparing: bool = True
     turn: int = 0
@@ -102,12 +123,14 @@ class RuleChooser:
     :meth:`choose` (the rule per row), then :meth:`record` (what was proposed)."""
 
     def __init__(self, greedy: tuple[str, ...], sampled: tuple[str, ...], *, window: int = 24, min_steps: int = 10,
-                 decisive: float = 0.25, switch_margin: float = 0.1, run_steps: int = 512, memory: float = 0.5):
+                 decisive: float = 0.25, switch_margin: float = 0.1, confidence: float = 2.0, run_steps: int = 512,
+                 memory: float = 0.5):
         self.kinds = {GREEDY: _Kind(tuple(greedy)), SAMPLED: _Kind(tuple(sampled))}
         self.window = window
         self.min_steps = min_steps
         self.decisive = decisive
         self.switch_margin = switch_margin
+        self.confidence = confidence
         self.run_steps = run_steps
         self.memory = memory
         self.chosen: Counter[str] = Counter()  # drafted request-steps per rule
@@ -160,10 +183,7 @@ class RuleChooser:
                 kind.comparing, kind.turn = True, 0
             return
         if kind.turn % 2:  # a turn's second step: free of the previous rule's catch-up
-            tally = kind.tallies[rule]
-            tally.steps += 1
-            tally.tokens += tokens
-            tally.seconds += seconds
+            kind.tallies[rule].per_step.append((tokens, seconds))
         kind.turn += 1
         if self._compared(kind):
             self._settle(kind)
@@ -180,11 +200,17 @@ class RuleChooser:
 
     def _settle(self, kind: _Kind) -> None:
         """End a comparison: weigh its rates into the earlier ones and run the best."""
+        m = self.memory
         for rule, tally in kind.tallies.items():
-            old = kind.rates.get(rule)
-            kind.rates[rule] = tally.rate if old is None else self.memory * old + (1 - self.memory) * tally.rate
-        challenger = max((r for r in kind.candidates if r != kind.best), key=lambda r: kind.rates[r])
-        if kind.rates[challenger] > (1 + self.switch_margin) * kind.rates[kind.best]:
+            if rule not in kind.rates:
+                kind.rates[rule], kind.noise[rule] = tally.rate, tally.noise
+            else:
+                kind.rates[rule] = m * kind.rates[rule] + (1 - m) * tally.rate
+                kind.noise[rule] = hypot(m * kind.noise[rule], (1 - m) * tally.noise)
+        best = kind.best
+        challenger = max((r for r in kind.candidates if r != best), key=lambda r: kind.rates[r])
+        margin = max(self.switch_margin, self.confidence * hypot(kind.noise[challenger], kind.noise[best]))
+        if kind.rates[challenger] > (1 + margin) * kind.rates[best]:
             kind.best = challenger
         kind.tallies = {rule: _Tally() for rule in kind.candidates}
         kind.comparing, kind.ran = False, 0
