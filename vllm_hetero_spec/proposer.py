@@ -265,8 +265,9 @@ class HeteroProposer:
             self.rules.record(req_ids, temperatures, rules, proposed)
         if logger.isEnabledFor(logging.DEBUG):  # VLLM_LOGGING_LEVEL=DEBUG
             why, rates, lump = self.budget.last_plan
-            logger.debug("hetero spec step: planned %s, proposed %s, rules %s (%s; tok/s per k %s; catch-up lump %d)",
-                         lengths, proposed, rules, why, [round(r, 2) for r in rates], lump)
+            logger.debug("hetero spec step: planned %s, proposed %s, rules %s in %.0f ms (%s; tok/s per k %s; "
+                         "catch-up lump %d)", lengths, proposed, rules, 1e3 * (end - start), why,
+                         [round(r, 2) for r in rates], lump)
         self._publish()
         return out
 
