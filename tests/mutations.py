@@ -270,6 +270,13 @@ MUTATIONS = [
         ("tests/drafter/test_rule_choice.py",),
     ),
     Mutation(
+        "auto-no-futility", "auto compares for the whole window even when the challenger clearly trails",
+        "vllm_hetero_spec/drafter/rule_choice.py",
+        "        if best.rate > other.rate * (1 + self.futility * noise):",
+        "        if False:",
+        ("tests/drafter/test_rule_choice.py",),
+    ),
+    Mutation(
         "auto-blocks", "auto compares rules in blocks of 16 steps instead of turns of two",
         "vllm_hetero_spec/drafter/rule_choice.py",
         "            return self.candidates[self.turn // 2 % len(self.candidates)]",

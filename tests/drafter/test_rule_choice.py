@@ -63,18 +63,21 @@ def test_turns_cancel_what_the_text_does() -> None:
     assert wins >= 80, wins  # 12% apart, under swings of 5x: a coin would win 50
 
 
-def _switches(tli_speedup: float, swings: bool, easy: list[int]) -> int:
-    """In how many of 100 default comparisons (slem the prior) auto moved to tli."""
-    switched = 0
+def _compare(tli_speedup: float, tokens_per_step: list[int] | None) -> tuple[int, list[int]]:
+    """100 default comparisons (slem the prior) on text whose tokens per step follow
+    ``tokens_per_step`` in stretches of three steps (None: always 2): in how many auto
+    moved to tli, and how many steps each comparison took."""
+    switched, lengths = 0, []
     for trial in range(100):
         chooser = RuleChooser(("slem", "tli"), ("tli",), run_steps=10_000)
-        tokens = (lambda step, t=trial: easy[(step // 3 + 7 * t) % 400]) if swings else (lambda step: 2)
+        seq = tokens_per_step
+        tokens = (lambda step, t=trial: seq[(step // 3 + 7 * t) % len(seq)]) if seq else (lambda step: 2)
         sim = Sim(chooser, {"slem": 1.0, "tli": 1.0 / tli_speedup}, tokens=tokens)
-        for _ in range(100):
+        while chooser.kinds["greedy"].comparing:
             sim.step(["a"], [0.0])
-        assert not chooser.kinds["greedy"].comparing
+        lengths.append(len(sim.log))
         switched += chooser.kinds["greedy"].best == "tli"
-    return switched
+    return switched, sorted(lengths)
 
 
 def test_a_lead_inside_the_comparisons_own_noise_keeps_the_prior() -> None:
@@ -84,15 +87,29 @@ def test_a_lead_inside_the_comparisons_own_noise_keeps_the_prior() -> None:
     100, and on a real engine it moved to tli where slem was the faster. The prior stays
     unless the lead clears the comparison's own standard error; a 60% lead still does."""
     rng = random.Random(0)
-    easy = [rng.choice([1, 1, 2, 5, 5]) for _ in range(400)]
-    assert _switches(1.18, swings=False, easy=easy) == 100
-    assert _switches(1.18, swings=True, easy=easy) <= 25
-    assert _switches(1.6, swings=True, easy=easy) >= 70
-    assert _switches(1 / 1.12, swings=True, easy=easy) <= 2
+    swings = [rng.choice([1, 1, 2, 5, 5]) for _ in range(400)]
+    assert _compare(1.18, None)[0] == 100
+    assert _compare(1.18, swings)[0] <= 25
+    assert _compare(1.6, swings)[0] >= 70
+    assert _compare(1 / 1.12, swings)[0] <= 2
+
+
+def test_a_challenger_clearly_behind_ends_the_comparison_early() -> None:
+    """A comparison runs half its steps on the slower rule and pays a catch-up at every
+    turn, and a batch-1 job of a few hundred steps may be mostly comparison. So once each
+    rule has ``min_steps`` counted steps, a challenger trailing by more than a standard
+    error is let go: with tli 12% slower on text of 1-3 tokens per step, half of the
+    comparisons end by 50 steps instead of the window's 97, and the prior is kept."""
+    rng = random.Random(1)
+    text = [rng.choice([1, 2, 2, 3]) for _ in range(400)]
+    switched, lengths = _compare(1 / 1.12, text)
+    assert switched == 0
+    assert lengths[50] <= 60 and lengths[-1] <= 97
+    assert _compare(1 / 1.12, None)[1] == [41] * 100  # steady: min_steps (10 counted each) suffice
 
 
 def test_a_candidate_far_behind_ends_the_comparison_early() -> None:
-    chooser = RuleChooser(("slem", "tli"), ("tli",), window=24, min_steps=4, decisive=0.25, run_steps=100)
+    chooser = RuleChooser(("slem", "tli"), ("tli",), window=24, min_steps=4, run_steps=100)
     sim = Sim(chooser, {"slem": 0.5, "tli": 1.0})  # tli emits half as fast
     ran = [sim.step(["a"], [0.0])[0] for _ in range(40)]
     assert ran[:16] == ["slem", "slem", "tli", "tli"] * 4
