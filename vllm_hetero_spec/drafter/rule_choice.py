@@ -23,7 +23,7 @@ request of a step drafts with the same rule. A kind alternates between two phase
   comparison runs half its steps on the slower rule and pays a catch-up at every turn,
   and a batch-1 job of a few hundred steps may otherwise be mostly comparison (on the
   AMD CPU at T = 0, ``auto`` ran 1.13x plain where ``slem`` alone ran 1.26x, with a
-  third of its steps on ``tli``). Taking turns step by step compares the rules on
+  quarter of its drafted steps on ``tli``). Taking turns step by step compares the rules on
   the same stretch of text: a first version ran each rule for blocks of 8 steps, and
   the blocks' texts differed more than the rules did (on the 1.5B target at T = 0 it
   settled on ``tli`` in one run of two, at 5.60 tok/s where ``slem`` ran 6.38).
@@ -48,8 +48,8 @@ the mix is.
 from __future__ import annotations
 
 from collections import Counter
-from math import hypot, sqrt
 from dataclasses import dataclass, field
+from math import hypot, sqrt
 
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
 
