@@ -265,8 +265,8 @@ MUTATIONS = [
     Mutation(
         "auto-fixed-margin", "auto switches on any lead beyond the fixed margin, however noisy the comparison",
         "vllm_hetero_spec/drafter/rule_choice.py",
-        "        margin = max(self.switch_margin, self.confidence * hypot(kind.noise[challenger], kind.noise[best]))",
-        "        margin = self.switch_margin",
+        "        return challenger > incumbent * (1 + max(self.switch_margin, self.confidence * noise))",
+        "        return challenger > incumbent * (1 + self.switch_margin)",
         ("tests/drafter/test_rule_choice.py",),
     ),
     Mutation(

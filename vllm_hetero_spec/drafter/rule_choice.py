@@ -210,7 +210,13 @@ class RuleChooser:
         noise = hypot(best.noise, other.noise)
         if best.rate > other.rate * (1 + self.futility * noise):
             return True
-        return other.rate > best.rate * (1 + max(self.switch_margin, self.confidence * noise))
+        return self._beats(other.rate, best.rate, noise)
+
+    def _beats(self, challenger: float, incumbent: float, noise: float) -> bool:
+        """Whether a challenger's rate leads enough to replace the incumbent: by more
+        than ``switch_margin`` and by more than ``confidence`` times ``noise``, the
+        relative standard error of their difference."""
+        return challenger > incumbent * (1 + max(self.switch_margin, self.confidence * noise))
 
     def _settle(self, kind: _Kind) -> None:
         """End a comparison: weigh its rates into the earlier ones and run the best."""
@@ -223,8 +229,7 @@ class RuleChooser:
                 kind.noise[rule] = hypot(m * kind.noise[rule], (1 - m) * tally.noise)
         best = kind.best
         challenger = max((r for r in kind.candidates if r != best), key=lambda r: kind.rates[r])
-        margin = max(self.switch_margin, self.confidence * hypot(kind.noise[challenger], kind.noise[best]))
-        if kind.rates[challenger] > (1 + margin) * kind.rates[best]:
+        if self._beats(kind.rates[challenger], kind.rates[best], hypot(kind.noise[challenger], kind.noise[best])):
             kind.best = challenger
         kind.tallies = {rule: _Tally() for rule in kind.candidates}
         kind.comparing, kind.ran = False, 0
