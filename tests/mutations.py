@@ -277,6 +277,20 @@ MUTATIONS = [
         ("tests/drafter/test_rule_choice.py",),
     ),
     Mutation(
+        "auto-no-decline", "auto runs a challenger's turn at plain speed where the budget would not draft it",
+        "vllm_hetero_spec/drafter/rule_choice.py",
+        "        if drafts is None:\n            return rules",
+        "        if True:\n            return rules",
+        ("tests/drafter/test_rule_choice.py",),
+    ),
+    Mutation(
+        "auto-declined-wins", "a challenger that sat out a comparison can win it on an earlier rate",
+        "vllm_hetero_spec/drafter/rule_choice.py",
+        "        rivals = [r for r in kind.candidates if r != best and r not in out and r in kind.rates]",
+        "        rivals = [r for r in kind.candidates if r != best and r in kind.rates]",
+        ("tests/drafter/test_rule_choice.py",),
+    ),
+    Mutation(
         "auto-blocks", "auto compares rules in blocks of 16 steps instead of turns of two",
         "vllm_hetero_spec/drafter/rule_choice.py",
         "            return self.candidates[self.turn // 2 % len(self.candidates)]",

@@ -223,12 +223,14 @@ class HeteroProposer:
         params = [self._params(r) for r in req_ids]
         temperatures = [p.temperature for p in params]
         self.budget.observe(start, req_ids, sampled)
+        drafting = [n > 0 for n in sampled]
+        row_lengths = [int(n) for n in num_tokens_no_spec[: len(req_ids)]]
         rules = None
         if self.rules is not None:
             self.rules.observe(start, req_ids, sampled)
-            rules = self.rules.choose(temperatures)
-        row_lengths = [int(n) for n in num_tokens_no_spec[: len(req_ids)]]
-        lengths = self.budget.plan(req_ids, [n > 0 for n in sampled], row_lengths, rules)
+            rules = self.rules.choose(temperatures,
+                                      lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, rs))
+        lengths = self.budget.plan(req_ids, drafting, row_lengths, rules)
         if self._share_plan:
             lengths, rules = self._tp.broadcast_object((lengths, rules), src=0)
         if rules is not None:

@@ -380,3 +380,22 @@ def test_rules_drafting_by_forwards_share_the_cost_of_a_token() -> None:
     for rule in ("slem", "tli"):
         true = fixed[rule] + per_token[rule] * 3 + 0.0001 * 4
         assert policy.draft_seconds(rule, 3, 1, 4) == pytest.approx(true, rel=0.1), rule
+
+
+def test_would_draft_answers_as_plan_does_and_changes_nothing() -> None:
+    """auto asks before a challenger's turn whether the budget would draft with it: the
+    answer must be the plan's own (probes aside) and asking must not move the probe
+    schedule or the warm-up."""
+    for alpha, drafts in ((ALPHA, True), (np.full(8, 0.02), False)):
+        policy = AdaptiveBudget(8, explore_every=0)
+        simulate(policy, CPU, [alpha], 60)
+        before = (policy.warmup_steps, {b: (x.steps, x.probes) for b, x in policy.buckets.items()}, policy.allowance)
+        lengths = [policy.sim_lengths["r0"]]
+        assert policy.would_draft(["r0"], [True], lengths) is drafts
+        assert policy.would_draft(["r0"], [False], lengths) is False
+        assert (policy.warmup_steps, {b: (x.steps, x.probes) for b, x in policy.buckets.items()},
+                policy.allowance) == before
+        assert (max(policy.plan(["r0"], [True], lengths)) > 0) is drafts
+    warm = AdaptiveBudget(4)
+    assert warm.would_draft(["a"], [True]) and warm.warmup_steps == 0
+    assert FixedBudget(4).would_draft(["a"], [True]) and not FixedBudget(4).would_draft(["a"], [False])

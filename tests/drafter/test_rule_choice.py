@@ -203,3 +203,26 @@ def test_a_rules_catch_up_debt_is_charged_to_it() -> None:
     kind = chooser.kinds["greedy"]
     assert not kind.comparing and kind.best == "slem"
     assert kind.rates == pytest.approx({"tli": 2 / 1.5, "slem": 2.0})
+
+
+def test_a_challenger_the_budget_will_not_draft_is_declined_at_no_cost() -> None:
+    """At batch 1, T = 1 the budget left slrs's turns undrafted: they ran at plain speed,
+    a cost with nothing to learn (the budget drafts the incumbent only where that beats
+    plain). Asked first, the budget declines those turns: slrs runs no step, the
+    comparison ends after ``min_steps`` declines, and a high rate slrs kept from an
+    earlier comparison cannot make it win one it sat out. At the next comparison it is
+    asked again, and takes its turns once the budget would draft it."""
+    chooser = RuleChooser(("slem",), ("tli", "slrs"), window=24, min_steps=10, run_steps=50)
+    chooser.kinds["sampled"].rates = {"tli": 2.0, "slrs": 9.0}
+    chooser.kinds["sampled"].noise = {"tli": 0.01, "slrs": 0.01}
+    sim = Sim(chooser, {"tli": 1.0, "slrs": 1.0})
+    will_draft = {"slrs": False}
+    original = chooser.choose
+    chooser.choose = lambda temps: original(temps, lambda rules: will_draft.get(rules[0], True))
+    ran = [sim.step(["a"], [1.0])[0] for _ in range(21)]  # tli's turns; the 10th decline ends it
+    kind = chooser.kinds["sampled"]
+    assert ran == ["tli"] * 21 and not kind.comparing and kind.best == "tli"
+    assert kind.rates["slrs"] == 9.0 and not kind.declined
+    will_draft["slrs"] = True
+    ran = [sim.step(["a"], [1.0])[0] for _ in range(60)]
+    assert "slrs" in ran[50:]

@@ -494,24 +494,10 @@ class AdaptiveBudget:
         bucket = self.buckets.setdefault(bucket_of(rows), _Bucket())
         step = bucket.steps
         bucket.steps += 1
-        rules = rules or [""] * rows
-        gains = np.stack([np.cumprod(self.acceptance(r, rule)) for r, rule in zip(req_ids, rules)])
-        gains *= np.asarray(drafting)[:, None]
+        rates, gains, n_drafting, lump, key = self._expected(req_ids, drafting, lengths, rules)
         gain = gains.sum(0)
-        n_drafting = int(sum(drafting))
-        # Tokens the drafting rows' states have fallen behind by, beyond the one token a
-        # request that drafted last step has to read anyway (the steady catch-up).
-        lump = 0.0 if lengths is None else float(sum(
-            max(n - self.synced.get(r, 0) - 1, 0) for r, n, d in zip(req_ids, lengths, drafting) if d))
-        key = _draft_key(rules, drafting)
-        rates = self.rates(rows, gain, n_drafting, lump, self.horizon, key)
-        best = int(np.argmax(rates[self.min_tokens :])) + self.min_tokens
-        self.last_plan = ("best rate", rates, lump)
-        if best > 0 and self.min_tokens == 0 and rates[best] < (1 + self.margin) * rates[0]:
-            # A gain this small is inside the model's error, and drafting has a cost the
-            # steady-state rate leaves out: the drafter's first pass over each context.
-            best = 0
-            self.last_plan = ("gain inside the margin", rates, lump)
+        best, why = self._best(rates)
+        self.last_plan = (why, rates, lump)
         if self.explore_every and step % self.explore_every == self.explore_every // 2:
             up = (bucket.probes + 1) % 2 == 1
             probe = best + 1 if (up and best < self.max_tokens) or best == self.min_tokens else best - 1
@@ -534,6 +520,39 @@ class AdaptiveBudget:
         bar = self.target.slope(rows, rows + best * n_drafting) * rates[best]
         return self._clamp([max(1, int((g[:best] > bar).sum())) for g in gains], drafting)
 
+    def would_draft(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
+                    rules: list[str] | None = None) -> bool:
+        """Whether :meth:`plan` would draft this step with ``rules``, probes aside, without
+        changing any state: ``auto`` asks it before a challenger's turn, since a rule the
+        budget would not draft with runs at plain speed, which says nothing of the rule."""
+        if not self.ready:
+            return any(drafting)
+        return self._best(self._expected(req_ids, drafting, lengths, rules)[0])[0] > 0
+
+    def _expected(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None,
+                  rules: list[str] | None) -> tuple[list[float], np.ndarray, int, float, str]:
+        """Expected tokens per second per k, each row's P_r(j) (rows x max_tokens), the
+        drafting rows, their catch-up lump (tokens) and the key of their rules."""
+        rules = rules or [""] * len(req_ids)
+        gains = np.stack([np.cumprod(self.acceptance(r, rule)) for r, rule in zip(req_ids, rules)])
+        gains *= np.asarray(drafting)[:, None]
+        n_drafting = int(sum(drafting))
+        # Tokens the drafting rows' states have fallen behind by, beyond the one token a
+        # request that drafted last step has to read anyway (the steady catch-up).
+        lump = 0.0 if lengths is None else float(sum(
+            max(n - self.synced.get(r, 0) - 1, 0) for r, n, d in zip(req_ids, lengths, drafting) if d))
+        key = _draft_key(rules, drafting)
+        return self.rates(len(req_ids), gains.sum(0), n_drafting, lump, self.horizon, key), gains, n_drafting, lump, key
+
+    def _best(self, rates: list[float]) -> tuple[int, str]:
+        """The k of the best expected rate, and why."""
+        best = int(np.argmax(rates[self.min_tokens :])) + self.min_tokens
+        if best > 0 and self.min_tokens == 0 and rates[best] < (1 + self.margin) * rates[0]:
+            # A gain this small is inside the model's error, and drafting has a cost the
+            # steady-state rate leaves out: the drafter's first pass over each context.
+            return 0, "gain inside the margin"
+        return best, "best rate"
+
     def _clamp(self, ks: list[int], drafting: list[bool]) -> list[int]:
         """Each drafting row's k within [min_tokens, max_tokens]; 0 for the others."""
         return [max(self.min_tokens, min(self.max_tokens, k)) if d else 0 for k, d in zip(ks, drafting)]
@@ -550,6 +569,10 @@ class FixedBudget:
 
     def observe(self, now: float, req_ids: list[str], sampled: list[int]) -> None:
         """Nothing to learn."""
+
+    def would_draft(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
+                    rules: list[str] | None = None) -> bool:
+        return any(drafting)
 
     def plan(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
              rules: list[str] | None = None) -> list[int]:
