@@ -97,6 +97,7 @@ def main() -> None:
                     print(f"{target} bs={bs} T={temp} {name}: FAILED {err}", flush=True)
                     runs.append({"target": target, "batch_size": bs, "temperature": temp, "config": name,
                                  "error": str(err)[-500:]})
+                    write(runs, meta, args.name)
                     continue
                 runs.append({
                     "target": target, "batch_size": bs, "temperature": temp, "config": name, "repeat": rep,
@@ -109,10 +110,15 @@ def main() -> None:
                 print(f"{target} bs={bs} T={temp} {name} rep={rep}: {result['tok_per_s']:.2f} tok/s "
                       f"rules={result.get('rules_chosen')} k={result.get('draft_lengths')} "
                       f"({time.time() - t0:.0f}s wall)", flush=True)
-                (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2))
-                (OUT / f"{args.name}.md").write_text(to_markdown(runs, meta))
+                write(runs, meta, args.name)
     plot(runs, args.name)
     print(to_markdown(runs, meta))
+
+
+def write(runs: list[dict], meta: dict, name: str) -> None:
+    """The JSON and the table so far, after every run (a failed one too)."""
+    (OUT / f"{name}.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2))
+    (OUT / f"{name}.md").write_text(to_markdown(runs, meta))
 
 
 def summarize(runs: list[dict]) -> list[dict]:

@@ -1,0 +1,84 @@
+"""Where a speculative engine's time goes when the draft budget drafts almost nothing.
+
+A target too cheap for any drafter (Gemma-3-270M on a CPU) should run at plain speed
+under the adaptive budget, which then plans k = 0 on most steps. This runs plain
+decoding and ours (default settings, one rule) with the model runner's methods timed,
+as ``step_anatomy.py`` does, and splits the per-step difference into the target
+forward, the sampler, our proposer, and the rest of the step -- over all decode steps
+(means, since the few drafted steps are part of the cost) and over the median step.
+
+    .venv/bin/python benchmarks/k0_anatomy.py --target gemma3-270m   # -> results/k0_anatomy.{json,md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from step_anatomy import run
+
+from vllm_hetero_spec.harness.models import ensure_model
+from vllm_hetero_spec.harness.prompts import MAX_CHARS, chat_prompts, held_out_questions
+
+OUT = Path(__file__).parent / "results"
+PARTS = ("_model_forward", "_sample", "propose_draft_token_ids")
+
+
+def split(calls: dict[str, list[float]]) -> dict[str, float]:
+    """Per step, in ms: the whole step and its parts, mean and median."""
+    steps = [a + b for a, b in zip(calls["execute_model"], calls["sample_tokens"])]
+    out = {"steps": len(steps), "step_mean": 1e3 * statistics.fmean(steps), "step_median": 1e3 * statistics.median(steps)}
+    for part in PARTS:
+        xs = calls.get(part) or [0.0]
+        out[f"{part}_mean"] = 1e3 * sum(xs) / len(steps)
+        out[f"{part}_median"] = 1e3 * statistics.median(xs)
+    out["rest_mean"] = out["step_mean"] - sum(out[f"{p}_mean"] for p in PARTS)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="gemma3-270m")
+    ap.add_argument("--draft", default="smollm2-135m")
+    ap.add_argument("--algorithm", default="slem")
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--out", type=Path, default=OUT / "k0_anatomy")
+    args = ap.parse_args()
+    target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
+    prompts = chat_prompts(target, held_out_questions(args.prompts, 40))
+    base = {"target": target, "prompts": prompts, "max_tokens": args.max_tokens, "ignore_eos": True,
+            "temperature": args.temperature, "batch_size": 1, "request_seeds": list(range(args.prompts)),
+            "max_num_seqs": 16}
+    spec = {"method": "hetero", "model": draft, "num_speculative_tokens": 4, "algorithm": args.algorithm}
+    rows = {}
+    for name, config in (("plain", None), ("ours", spec)):
+        out = run({**base, "speculative_config": config})
+        rows[name] = {"tok_per_s": out["result"]["tok_per_s"], "draft_lengths": out["result"].get("draft_lengths"),
+                      **split(out["calls"])}
+        print(name, json.dumps(rows[name]), flush=True)
+    meta = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": platform.machine(),
+            "date": time.strftime("%Y-%m-%d")}
+    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    cols = ("step", "_model_forward", "_sample", "propose_draft_token_ids")
+    lines = [f"{args.draft} drafting for {args.target} ({args.algorithm}, adaptive budget), batch 1, "
+             f"T = {args.temperature}, {args.prompts} held-out prompts (<= {MAX_CHARS} characters), "
+             f"{args.max_tokens} tokens each. Per step, ms: mean over every step (median). "
+             "`benchmarks/k0_anatomy.py`.", "",
+             "| run | tok/s | steps | step | target forward | sampler | proposer | rest | draft lengths |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        cells = " | ".join(f"{r[f'{c}_mean']:.1f} ({r[f'{c}_median']:.1f})" for c in cols)
+        lines.append(f"| {name} | {r['tok_per_s']:.2f} | {r['steps']} | {cells} | {r['rest_mean']:.1f} | "
+                     f"{r['draft_lengths'] or '-'} |")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
