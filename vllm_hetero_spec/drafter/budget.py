@@ -572,6 +572,7 @@ class FixedBudget:
 
     def would_draft(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
                     rules: list[str] | None = None) -> bool:
+        """Every drafting row always drafts."""
         return any(drafting)
 
     def plan(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
