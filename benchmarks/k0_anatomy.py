@@ -6,6 +6,10 @@ decoding and ours (default settings, one rule) with the model runner's methods t
 as ``step_anatomy.py`` does, and splits the per-step difference into the target
 forward, the sampler, our proposer, and the rest of the step -- over all decode steps
 (means, since the few drafted steps are part of the cost) and over the median step.
+The timers also count the engine's untimed warm-up request, whose first drafting steps
+read whole prompts: the proposer's mean overstates what a timed run pays (the
+proposer's per-step debug line, ``VLLM_LOGGING_LEVEL=DEBUG``, separates warm-up, probe
+and planned steps).
 
     .venv/bin/python benchmarks/k0_anatomy.py --target gemma3-270m   # -> results/k0_anatomy.{json,md}
 """
