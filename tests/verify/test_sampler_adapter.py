@@ -158,6 +158,39 @@ def test_a_sampled_row_never_accepts_a_token_the_target_rules_out() -> None:
     assert bool((out[:, 0] == 0).all()), out[:, 0]
 
 
+def test_an_undrafted_step_samples_as_plain_decoding(monkeypatch) -> None:
+    """vLLM sends every step of a speculative engine to the rejection sampler, also one
+    where the budget drafted nothing (most steps on a target too cheap for the drafter).
+    Such a step emits exactly what vLLM's plain sampler emits for the batch (greedy,
+    seeded and unseeded rows, the same random draws), one token per row, and runs no
+    verification at all (its cost was about 1 ms a step on Gemma-3's vocabulary)."""
+    from vllm_hetero_spec.verify import sampler as sampler_module
+
+    def no_verification(*args, **kwargs):
+        raise AssertionError("an undrafted step ran verification")
+
+    monkeypatch.setattr(sampler_module, "verify_tokens", no_verification)
+    kinds = [KINDS["greedy"], KINDS["seeded T=0.7 top-k 4"], KINDS["unseeded T=1.3 top-p 0.8"]]
+    rows = [kinds[i % 3] for i in range(60)]
+    req_ids = [f"r{i}" for i in range(len(rows))]
+    logits = torch.randn(len(rows), V, generator=torch.Generator().manual_seed(3))
+
+    def metadata():
+        gens = {i: torch.Generator().manual_seed(50 + i) for i in range(1, len(rows), 3)}
+        return sampling_metadata(len(rows), [r["temperature"] for r in rows], top_k=[r["top_k"] for r in rows],
+                                 top_p=[r["top_p"] for r in rows], generators=gens)
+
+    torch.manual_seed(8)
+    plain = Sampler()(logits=logits.clone(), sampling_metadata=metadata()).sampled_token_ids
+    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"),
+                                     batch_rows=lambda: batch_rows(req_ids, [r["temperature"] for r in rows]))
+    torch.manual_seed(8)
+    ours = sampler(spec_metadata([[] for _ in rows]), None, logits.clone(), metadata()).sampled_token_ids
+    assert ours.shape == (len(rows), 1) and ours.dtype == torch.int32
+    assert ours.tolist() == plain.tolist()
+    assert len(set(ours[2::3].flatten().tolist())) > 1, "the sampled rows never varied: the test would prove nothing"
+
+
 @pytest.mark.parametrize("fsd", [None, ("js", 10)], ids=["plain", "fsd"])
 def test_dummy_batches_from_vllms_profile_run(monkeypatch, fsd) -> None:
     """vLLM's ``_dummy_sampler_run`` (the memory profile and warm-up of every engine
