@@ -297,6 +297,22 @@ MUTATIONS = [
         "            return self.candidates[self.turn // 16 % len(self.candidates)]",
         ("tests/drafter/test_rule_choice.py",),
     ),
+    Mutation(
+        "undrafted-greedy", "a step without drafts takes every row's argmax, sampled rows included",
+        "vllm_hetero_spec/verify/sampler.py",
+        "        return SamplerOutput(sampled_token_ids=out.sampled_token_ids, logprobs_tensors=None)",
+        "        return SamplerOutput(sampled_token_ids=logits.argmax(-1, keepdim=True).to(torch.int32),\n"
+        "                             logprobs_tensors=None)",
+        ("tests/verify/test_sampler_adapter.py",),
+    ),
+    Mutation(
+        "undrafted-unseeded", "a step without drafts samples seeded rows from the global stream",
+        "vllm_hetero_spec/verify/sampler.py",
+        "        out = self.sampler(logits=logits, sampling_metadata=sampling_metadata, predict_bonus_token=True)",
+        "        out = self.sampler(logits=logits, sampling_metadata=replace(sampling_metadata, generators={}),\n"
+        "                           predict_bonus_token=True)",
+        ("tests/verify/test_sampler_adapter.py",),
+    ),
 ]
 
 
