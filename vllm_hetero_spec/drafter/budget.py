@@ -51,8 +51,9 @@ position. Probing is paid from an allowance: each step adds ``explore_share`` (2
 its time, decaying over about 300 steps, and a probe is made only when the allowance
 covers the time the model expects it to lose against the chosen k (its catch-up lumps
 charged in full). So exploration costs at most about 2% of the time in expectation: with
-the speculative path's own cost where nothing drafts (about 2% more), a target no drafter
-can help is meant to lose under 5% (at 3%, Gemma-3-270M's probes took 1.9% of a run). At
+the speculative path's own cost where nothing drafts (about 1% a step, measured on
+Gemma-3-270M), a target no drafter can help is meant to lose under 5% (at 3%, that
+target's probes took 1.9% of a run). At
 batch 1 probes are cheap and frequent, while a probe that would make 32 new requests
 read their prompts is not made at all.
 ``fixed`` always drafts ``num_speculative_tokens``. The choice never touches

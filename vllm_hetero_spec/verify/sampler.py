@@ -22,7 +22,9 @@ vLLM also calls the sampler with no request in the batch: the memory profile and
 (``_dummy_sampler_run``) send one dummy draft per row. Those rows are verified like real
 ones, stochastically with a dense q over the whole vocabulary (the path with the largest
 transient tensors, as vLLM's own dummy run uses probabilistic draft probabilities), or
-greedily when vLLM asks for its all-greedy variant.
+greedily when vLLM asks for its all-greedy variant. A step where no row has a draft
+(most steps where drafting does not pay) is sampled by vLLM's sampler alone, as plain
+decoding samples it (unless it asks for logprobs, which keep the full path).
 """
 
 from __future__ import annotations
@@ -194,11 +196,12 @@ class HeteroRejectionSampler(RejectionSampler):
         return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
 
     def _undrafted(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
-        """A step where no row drafted (the budget chose k = 0): vLLM 0.32.0 still sends
-        every step of a speculative engine here, with one logits row per request (its
-        bonus position). Sampled as plain decoding samples it, by vLLM's sampler alone:
-        verification of nothing would cost a dozen small tensor ops per step (about 1 ms
-        on a 262k vocabulary, 1% of a Gemma-3-270M step on a CPU). ``predict_bonus_token``
-        as vLLM's rejection sampler sets it (penalties read the rows' drafts: none)."""
+        """A step where no row drafted (the budget chose k = 0, or no row came out with a
+        proposal): vLLM 0.32.0 still sends every step of a speculative engine here, with
+        one logits row per request (its bonus position). Sampled as plain decoding
+        samples it, by vLLM's sampler alone: verification of nothing would cost a dozen
+        small tensor ops per step (about 1 ms on a 262k vocabulary, 1% of a Gemma-3-270M
+        step on a CPU). ``predict_bonus_token`` as vLLM's rejection sampler sets it
+        (penalties read the rows' drafts: none)."""
         out = self.sampler(logits=logits, sampling_metadata=sampling_metadata, predict_bonus_token=True)
         return SamplerOutput(sampled_token_ids=out.sampled_token_ids, logprobs_tensors=None)
