@@ -143,9 +143,10 @@ class HeteroRejectionSampler(RejectionSampler):
         logits: torch.Tensor,
         sampling_metadata: SamplingMetadata,
     ) -> SamplerOutput:
-        plan, self.plan = self.plan or VerifyPlan(), None
+        plan, self.plan = self.plan, None
         if metadata.max_spec_len == 0 and sampling_metadata.max_num_logprobs is None:
             return self._undrafted(logits, sampling_metadata)
+        plan = plan or VerifyPlan()
         bonus_logits = logits.index_select(0, metadata.bonus_logits_indices)
         bonus_out = self.sampler(
             logits=bonus_logits,
