@@ -4,8 +4,9 @@ Per cell (target x batch size x temperature), each configuration runs in its own
 with default settings: plain decoding, ours with ``algorithm: auto`` (the default), ours
 with each lossless rule alone (``--rules``), and vLLM's built-in heterogeneous TLI
 (``draft_model`` with ``use_heterogeneous_vocab``, k = 4). Runs are interleaved -- every
-configuration of every cell once, then the whole round again (``--repeats``) -- so a
-slow patch of a shared machine does not land on one configuration; the median is
+configuration of every cell once, then the whole round again (``--repeats``), each round
+starting one configuration later -- so a slow patch of a shared machine does not land on
+one configuration, nor a drift on the same neighbours every round; the median is
 reported with the spread (min-max over the repeats).
 
 Prompts are held out: Spec-Bench questions past the first ``--skip`` (the ones tests
@@ -80,12 +81,16 @@ def main() -> None:
         previous = json.loads((OUT / f"{args.name}.json").read_text())
         runs, meta = previous["runs"], {**previous["meta"], f"appended {meta['date']}": meta["args"]}
     cells = [(t, bs, temp) for t in args.targets for bs in args.batch_sizes for temp in args.temperatures]
-    for rep in range(args.repeats):
+    first = 1 + max((r.get("repeat", -1) for r in runs), default=-1)  # --append: rounds go on counting
+    for rep in range(first, first + args.repeats):
         for target, bs, temp in cells:
             rules = args.rules if temp == 0 or args.rules_at_t1 is None else args.rules_at_t1
             n = bs if bs > 1 else args.batch1_prompts
             prompts = chat_prompts(targets[target], questions[:n])
-            for name, spec in configs(draft, rules, not args.no_builtin, not args.no_plain):
+            # Each round starts one configuration later (see the module docstring).
+            order = configs(draft, rules, not args.no_builtin, not args.no_plain)
+            shift = rep % len(order)
+            for name, spec in order[shift:] + order[:shift]:
                 job = {"target": targets[target], "prompts": prompts, "max_tokens": args.max_tokens,
                        "temperature": temp, "batch_size": bs, "speculative_config": spec,
                        "request_seeds": list(range(n)), "ignore_eos": True, "max_num_seqs": max(bs, 16),
@@ -150,7 +155,7 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
         f"Draft {a['draft']}, targets in float32, k <= 4, default settings otherwise; {a['max_tokens']} tokens per "
         f"request (EOS ignored); held-out Spec-Bench prompts (past the first {a['skip']}, <= {MAX_CHARS} characters); "
         f"batch 1 runs {a['batch1_prompts']} prompts one at a time, larger batches run the job once untimed first. "
-        "Each configuration in its own engine; rounds interleaved; speedup = median tok/s over plain's median, "
+        "Each configuration in its own engine; rounds interleaved, each starting one configuration later; speedup = median tok/s over plain's median, "
         "spread = min-max of the runs over plain's median. `benchmarks/defaults.py`; machine: "
         f"{meta['machine']}, {meta['date']}.",
         *(["", meta["note"]] if meta.get("note") else []),
