@@ -399,3 +399,33 @@ def test_would_draft_answers_as_plan_does_and_changes_nothing() -> None:
     warm = AdaptiveBudget(4)
     assert warm.would_draft(["a"], [True]) and warm.warmup_steps == 0
     assert FixedBudget(4).would_draft(["a"], [True]) and not FixedBudget(4).would_draft(["a"], [False])
+
+
+def test_a_size_not_run_follows_the_machine() -> None:
+    """The machine slows by 20% while the policy runs only 2-token steps: the price of a
+    plain step follows (one level for every size), instead of keeping the price of the
+    moment it was last run -- a stale price let the budget draft on the 0.5B target at
+    T = 1 where drafting lost."""
+    cost = TargetCost(memory=0.9)
+    for _ in range(40):
+        cost.add(1, 0.160)
+        cost.add(2, 0.180)
+    for _ in range(40):
+        cost.add(2, 0.180 * 1.2)
+    assert cost.predict(2) == pytest.approx(0.180 * 1.2, rel=0.02)
+    assert cost.predict(1) > 0.160 * 1.15  # most of the drift (a mean per size alone: none)
+
+
+def test_one_noisy_step_moves_every_size_alike() -> None:
+    """A slow step moves the level, which prices every size alike, so it cannot make one
+    size look cheap next to another; the sizes' own costs average many steps."""
+    cost = TargetCost(memory=0.9)
+    for _ in range(40):
+        cost.add(1, 0.160)
+        cost.add(2, 0.180)
+    before = cost.predict(2) / cost.predict(1)
+    cost.add(1, 0.240)
+    assert cost.predict(1) > 0.160
+    # The ratio moves 1.3% (the size's own mean takes its small share); with a mean per
+    # size alone (memory 0.9) it moved 5%, enough to flip a choice inside the 3% margin.
+    assert cost.predict(2) / cost.predict(1) == pytest.approx(before, rel=0.02)
