@@ -212,7 +212,7 @@ class TargetCost:
     moment it stopped, and the policy switched when noise made one size look cheap: on
     the 0.5B target at batch 1, T = 1, the plain step was priced at 178 ms where it took
     161 ms when the budget chose k = 1, and the 2-token step at 190 ms where it took
-    210 -- each estimate was read at its most favourable, and `tli` ran 0.78-0.85x plain
+    210 -- each estimate was read at its most favourable, and `tli` ran 0.87x plain
     drafting on a third of its steps."""
 
     def __init__(self, memory: float, shape_memory: float = 0.97):
