@@ -216,9 +216,11 @@ class TargetCost:
     drafting on a third of its steps."""
 
     def __init__(self, memory: float, shape_memory: float = 0.97):
-        self.memory = memory
         self.shape_memory = shape_memory
-        self.level = 1.0  # seconds per unit of the shape, now
+        # Seconds per unit of the shape, now: a mean of what each step says of it (a step's
+        # seconds over its size's cost in units), so a stall counts as twice, as in Ema.
+        self.level = Ema(memory)
+        self.level.value = 1.0
         self.by_size: dict[int, Ema] = {}  # per size: its cost in units of the level
         self.first: dict[int, float] = {}  # sizes seen once: their first step's cost, in units of the level
         self._fit: tuple[list[int], np.ndarray] | None = None  # fitted once per sample, read every step
@@ -226,16 +228,13 @@ class TargetCost:
     def add(self, tokens: int, seconds: float) -> None:
         mean = self.by_size.get(tokens)
         if mean is not None:
-            # The level moves by what this step says of it; a stall counts as twice the
-            # expected time, as in :class:`Ema`.
-            ratio = min(seconds / max(self.level * mean.value, 1e-9), 2.0)
-            self.level *= 1.0 + (1.0 - self.memory) * (ratio - 1.0)
-            mean.add(seconds / self.level)
+            self.level.add(seconds / max(mean.value, 1e-12))
+            mean.add(seconds / self.level.value)
         elif tokens in self.first:
             self.by_size[tokens] = Ema(self.shape_memory)
-            self.by_size[tokens].add(min(self.first.pop(tokens), seconds / self.level))
+            self.by_size[tokens].add(min(self.first.pop(tokens), seconds / self.level.value))
         else:
-            self.first[tokens] = seconds / self.level
+            self.first[tokens] = seconds / self.level.value
         self._fit = None
 
     @property
@@ -252,12 +251,12 @@ class TargetCost:
             self._fit = sizes, _monotone([known[t] for t in sizes])
         sizes, values = self._fit
         if tokens <= sizes[-1]:
-            return self.level * float(np.interp(tokens, sizes, values))
+            return self.level.value * float(np.interp(tokens, sizes, values))
         slope = 0.0
         if len(sizes) > 1:
             slope = max((values[-1] - values[-2]) / (sizes[-1] - sizes[-2]),
                         (values[-1] - values[0]) / (sizes[-1] - sizes[0]))
-        return self.level * float(values[-1] + slope * (tokens - sizes[-1]))
+        return self.level.value * float(values[-1] + slope * (tokens - sizes[-1]))
 
     def slope(self, low: float, high: float) -> float:
         """Seconds per extra token between ``low`` and ``high`` tokens (>= 0)."""
