@@ -6,6 +6,8 @@ decoding and ours (default settings, one rule) with the model runner's methods t
 as ``step_anatomy.py`` does, and splits the per-step difference into the target
 forward, the sampler, our proposer, and the rest of the step -- over all decode steps
 (means, since the few drafted steps are part of the cost) and over the median step.
+With ``--batch-size`` above 1, that many prompts run as one batch instead of one at a
+time (the budget plans k = 0 on nearly every step there too).
 The timers also count the engine's untimed warm-up request, whose first drafting steps
 read whole prompts: the proposer's mean overstates what a timed run pays (the
 proposer's per-step debug line, ``VLLM_LOGGING_LEVEL=DEBUG``, separates warm-up, probe
@@ -23,6 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
+from defaults import seeds_work
 from step_anatomy import run
 
 from vllm_hetero_spec.harness.models import ensure_model
@@ -49,16 +52,19 @@ def main() -> None:
     ap.add_argument("--target", default="gemma3-270m")
     ap.add_argument("--draft", default="smollm2-135m")
     ap.add_argument("--algorithm", default="slem")
-    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--prompts", type=int, default=6, help="prompts run one at a time (batch 1)")
+    ap.add_argument("--batch-size", type=int, default=1, help="above 1: this many prompts as one batch")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", type=Path, default=OUT / "k0_anatomy")
     args = ap.parse_args()
     target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
-    prompts = chat_prompts(target, held_out_questions(args.prompts, 40))
+    n = args.batch_size if args.batch_size > 1 else args.prompts
+    prompts = chat_prompts(target, held_out_questions(n, 40))
+    seeds = list(range(n)) if seeds_work(args.batch_size, args.temperature) else None
     base = {"target": target, "prompts": prompts, "max_tokens": args.max_tokens, "ignore_eos": True,
-            "temperature": args.temperature, "batch_size": 1, "request_seeds": list(range(args.prompts)),
-            "max_num_seqs": 16}
+            "temperature": args.temperature, "batch_size": args.batch_size, "request_seeds": seeds,
+            "max_num_seqs": max(args.batch_size, 16)}
     spec = {"method": "hetero", "model": draft, "num_speculative_tokens": 4, "algorithm": args.algorithm}
     rows = {}
     for name, config in (("plain", None), ("ours", spec)):
@@ -70,8 +76,10 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d")}
     args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     cols = ("step", "_model_forward", "_sample", "propose_draft_token_ids")
-    lines = [f"{args.draft} drafting for {args.target} ({args.algorithm}, adaptive budget), batch 1, "
-             f"T = {args.temperature}, {args.prompts} held-out prompts (<= {MAX_CHARS} characters), "
+    shape = (f"batch 1, {n} held-out prompts one at a time" if args.batch_size == 1
+             else f"{n} held-out prompts as one batch")
+    lines = [f"{args.draft} drafting for {args.target} ({args.algorithm}, adaptive budget), {shape}, "
+             f"T = {args.temperature}{'' if seeds else ' (unseeded)'} (prompts <= {MAX_CHARS} characters), "
              f"{args.max_tokens} tokens each. Per step, ms: mean over every step (median). "
              "`benchmarks/k0_anatomy.py`.", "",
              "| run | tok/s | steps | step | target forward | sampler | proposer | rest | draft lengths |",
