@@ -207,6 +207,9 @@ def test_the_warmup_rows() -> None:
     policy.observe(4.0, ["a", "b", "d", "e"], [1, 1, 1, 1])
     assert policy.plan(["a", "b", "d", "e"], [True] * 4, [302, 203, 252, 601]) == [2, 2, 2, 0]
     assert AdaptiveBudget(4, warmup_catchup=10).plan(["a"], [True], [2000]) == [1]
+    caught_up = AdaptiveBudget(4, warmup_catchup=10)
+    caught_up.synced["a"] = 50  # nothing to read: it counts as a row, so b's 2000 tokens wait
+    assert caught_up.plan(["a", "b"], [True, True], [50, 2000]) == [1, 0]
     assert AdaptiveBudget(4, min_tokens=1).plan(["a", "b"], [True, True], [2000, 2000]) == [1, 1]
 
 

@@ -590,12 +590,12 @@ class AdaptiveBudget:
         behind = sorted((n - self.synced.get(r, 0), i)
                         for i, (r, n, d) in enumerate(zip(req_ids, lengths, drafting)) if d)
         chosen = [False] * len(req_ids)
-        total = 0
+        total, count = 0, 0
         for lag, i in behind:
-            if total and total + lag > self.warmup_catchup:
+            if count and total + lag > self.warmup_catchup:
                 break
             chosen[i] = True
-            total += lag
+            total, count = total + lag, count + 1
         return chosen
 
     def _clamp(self, ks: list[int], drafting: list[bool]) -> list[int]:
