@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1, help="above 1: this many prompts as one batch")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--full-warmup", action="store_true",
+                    help="run the whole job once untimed first, as defaults.py does for batches")
     ap.add_argument("--out", type=Path, default=OUT / "k0_anatomy")
     args = ap.parse_args()
     target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
@@ -64,7 +66,7 @@ def main() -> None:
     seeds = list(range(n)) if seeds_work(args.batch_size, args.temperature) else None
     base = {"target": target, "prompts": prompts, "max_tokens": args.max_tokens, "ignore_eos": True,
             "temperature": args.temperature, "batch_size": args.batch_size, "request_seeds": seeds,
-            "max_num_seqs": max(args.batch_size, 16)}
+            "max_num_seqs": max(args.batch_size, 16), "warmup": "full" if args.full_warmup else True}
     spec = {"method": "hetero", "model": draft, "num_speculative_tokens": 4, "algorithm": args.algorithm}
     rows = {}
     for name, config in (("plain", None), ("ours", spec)):
@@ -80,7 +82,8 @@ def main() -> None:
              else f"{n} held-out prompts as one batch")
     lines = [f"{args.draft} drafting for {args.target} ({args.algorithm}, adaptive budget), {shape}, "
              f"T = {args.temperature}{'' if seeds else ' (unseeded)'} (prompts <= {MAX_CHARS} characters), "
-             f"{args.max_tokens} tokens each. Per step, ms: mean over every step (median). "
+             f"{args.max_tokens} tokens each{'; the job ran once untimed first' if args.full_warmup else ''}. "
+             "Per step, ms: mean over every step (median). "
              "`benchmarks/k0_anatomy.py`.", "",
              "| run | tok/s | steps | step | target forward | sampler | proposer | rest | draft lengths |",
              "|---|---|---|---|---|---|---|---|---|"]
