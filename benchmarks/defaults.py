@@ -105,7 +105,8 @@ def main() -> None:
             for name, spec in order[shift:] + order[:shift]:
                 job = {"target": targets[target], "prompts": prompts, "max_tokens": args.max_tokens,
                        "temperature": temp, "batch_size": bs, "speculative_config": spec,
-                       "request_seeds": list(range(n)) if seeded else None, "ignore_eos": True, "max_num_seqs": max(bs, 16),
+                       "request_seeds": list(range(n)) if seeded else None, "ignore_eos": True,
+                       "max_num_seqs": max(bs, 16),
                        "warmup": "full" if bs > 1 else True}
                 t0 = time.time()
                 try:
@@ -175,7 +176,7 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
         *(["", meta["note"]] if meta.get("note") else []),
         *(["", "Cells marked unseeded run T > 0 without request seeds: vLLM 0.32.0's CPU build cannot "
            "rewind a seeded generator when a prefill is chunked (`seeds_work`)."]
-          if any(r.get("seeded") is False for r in runs) else []),
+          if any(not seeds_work(r["batch_size"], r["temperature"]) for r in runs) else []),
         "",
         "| target | batch | T | configuration | tok/s (runs) | speedup | spread | acceptance | rules chosen (auto) |",
         "|---|---|---|---|---|---|---|---|---|",

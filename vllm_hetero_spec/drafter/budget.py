@@ -419,7 +419,7 @@ class AdaptiveBudget:
         catchup = 0
         for i, (req_id, k) in enumerate(zip(req_ids, proposed)):
             if k > 0 and lengths is not None:
-                catchup += lengths[i] - self.synced.get(req_id, 0)
+                catchup += self._behind(req_id, lengths[i])
                 self.synced[req_id] = lengths[i]
         k = max(proposed, default=0)
         key = _draft_key(rules, [p > 0 for p in proposed])
@@ -432,6 +432,11 @@ class AdaptiveBudget:
         """A finished, aborted or preempted request."""
         self.per_request.pop(req_id, None)
         self.synced.pop(req_id, None)
+
+    def _behind(self, req_id: str, length: int) -> int:
+        """The tokens a request's draft state has to read before it can draft: its
+        length (prompt + output) less what it had when it last drafted."""
+        return length - self.synced.get(req_id, 0)
 
     def _draft_cost(self, key: str) -> DraftCost:
         """The fit that prices the set of rules ``key`` (``""``: the engine's one rule)."""
@@ -564,7 +569,7 @@ class AdaptiveBudget:
         # Tokens the drafting rows' states have fallen behind by, beyond the one token a
         # request that drafted last step has to read anyway (the steady catch-up).
         lump = 0.0 if lengths is None else float(sum(
-            max(n - self.synced.get(r, 0) - 1, 0) for r, n, d in zip(req_ids, lengths, drafting) if d))
+            max(self._behind(r, n) - 1, 0) for r, n, d in zip(req_ids, lengths, drafting) if d))
         key = _draft_key(rules, drafting)
         return self.rates(len(req_ids), gains.sum(0), n_drafting, lump, self.horizon, key), gains, n_drafting, lump, key
 
@@ -587,7 +592,7 @@ class AdaptiveBudget:
         (``min_tokens``) drafts every row, as it promises."""
         if self.min_tokens > 0 or lengths is None:
             return drafting
-        behind = sorted((n - self.synced.get(r, 0), i)
+        behind = sorted((self._behind(r, n), i)
                         for i, (r, n, d) in enumerate(zip(req_ids, lengths, drafting)) if d)
         chosen = [False] * len(req_ids)
         total, count = 0, 0
