@@ -39,14 +39,29 @@ RULES = ("slem", "tli", "slrs", "dtw", "union")
 BUILTIN = "vllm built-in TLI"
 
 
-def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True) -> list[tuple[str, dict | None]]:
+SYNC_PLAIN = "plain, no async scheduling"
+
+
+def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, draft_dtypes: tuple[str, ...] = (),
+            plain_sync: bool = False) -> list[tuple[str, dict | None, dict]]:
+    """The configurations of one cell: (name, speculative config, extra job keys).
+
+    ``draft_dtypes`` adds ``auto`` with each of those draft dtypes set (``auto`` itself
+    keeps ``draft_dtype: auto``). ``plain_sync`` adds plain decoding with async
+    scheduling off, as vLLM 0.32.0 runs every engine with our proposer (it keeps async
+    scheduling for its own methods only): what the speculative path costs where nothing
+    drafts, minus what the scheduling mode costs."""
     ours = {"method": "hetero", "model": draft, "num_speculative_tokens": 4}
-    out: list[tuple[str, dict | None]] = [("plain", None)] if plain else []
-    out.append(("auto", {**ours, "algorithm": "auto"}))
-    out += [(rule, {**ours, "algorithm": rule}) for rule in rules]
+    out: list[tuple[str, dict | None, dict]] = [("plain", None, {})] if plain else []
+    if plain_sync:
+        out.append((SYNC_PLAIN, None, {"async_scheduling": False}))
+    out.append(("auto", {**ours, "algorithm": "auto"}, {}))
+    out += [(f"auto, {dtype} drafter", {**ours, "algorithm": "auto", "draft_dtype": dtype}, {})
+            for dtype in draft_dtypes]
+    out += [(rule, {**ours, "algorithm": rule}, {}) for rule in rules]
     if builtin:
         out.append((BUILTIN, {"method": "draft_model", "model": draft, "num_speculative_tokens": 4,
-                              "use_heterogeneous_vocab": True}))
+                              "use_heterogeneous_vocab": True}, {}))
     return out
 
 
@@ -71,6 +86,10 @@ def main() -> None:
     ap.add_argument("--rules-at-t1", nargs="*", default=None,
                     help="the rules run alone at T > 0 (default: --rules)")
     ap.add_argument("--no-builtin", action="store_true")
+    ap.add_argument("--draft-dtypes", nargs="*", default=[],
+                    help="also run auto with each of these draft dtypes set (auto picks one itself)")
+    ap.add_argument("--plain-sync", action="store_true",
+                    help="also run plain decoding with async scheduling off (as every engine of ours runs)")
     ap.add_argument("--no-plain", action="store_true",
                     help="leave plain decoding out (with --append: the cell's earlier plain runs are the baseline)")
     ap.add_argument("--batch1-prompts", type=int, default=6, help="prompts run one at a time at batch 1")
@@ -100,14 +119,15 @@ def main() -> None:
             prompts = chat_prompts(targets[target], questions[:n])
             seeded = seeds_work(bs, temp)
             # Each round starts one configuration later (see the module docstring).
-            order = configs(draft, rules, not args.no_builtin, not args.no_plain)
+            order = configs(draft, rules, not args.no_builtin, not args.no_plain, tuple(args.draft_dtypes),
+                            args.plain_sync)
             shift = rep % len(order)
-            for name, spec in order[shift:] + order[:shift]:
+            for name, spec, extra in order[shift:] + order[:shift]:
                 job = {"target": targets[target], "prompts": prompts, "max_tokens": args.max_tokens,
                        "temperature": temp, "batch_size": bs, "speculative_config": spec,
                        "request_seeds": list(range(n)) if seeded else None, "ignore_eos": True,
                        "max_num_seqs": max(bs, 16),
-                       "warmup": "full" if bs > 1 else True}
+                       "warmup": "full" if bs > 1 else True, **extra}
                 t0 = time.time()
                 try:
                     result = run_isolated(job)

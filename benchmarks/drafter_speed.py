@@ -9,7 +9,7 @@ drafter's per-step work in a draft loop. Median of ``--repeats``. The new drafte
 runs in each of ``--new-dtypes`` (the draft dtype is independent of the target's and
 never changes outputs, only acceptance and speed).
 
-    .venv/bin/python benchmarks/drafter_speed.py            # -> results/drafter_speed.{json,md}
+    .venv/bin/python benchmarks/drafter_speed.py            # -> results/drafter_speed.{json,md} (--name)
 
 The end-to-end comparison with vLLM's own in-engine drafter (same draft model, same
 run) is ``benchmarks/e2e_benchmark.py`` (its ``propose ms/draft token`` column).
@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new-dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--name", default="drafter_speed", help="results file name (another machine's run keeps its own)")
     args = ap.parse_args()
     draft = str(ensure_model(args.draft))
     news = {d: DraftModelRuntime(RuntimeConfig(draft, getattr(torch, d), kv_pool_mb=1024)) for d in args.new_dtypes}
@@ -98,11 +99,12 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     meta = {"args": vars(args), "machine": f"{platform.machine()} {platform.processor()}",
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d")}
-    (OUT / "drafter_speed.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [
         f"Draft model {args.draft}; the old (transformers) drafter in float32, the vLLM-native one in the dtype "
         f"shown; {torch.get_num_threads()} threads, {args.context}-token contexts, one decode token per request per "
-        f"forward, median of {args.repeats} x {args.steps} forwards. `benchmarks/drafter_speed.py`.",
+        f"forward, median of {args.repeats} x {args.steps} forwards. `benchmarks/drafter_speed.py`; "
+        f"machine: {meta['machine']}, {meta['date']}.",
         "",
         "| batch | new dtype | transformers drafter ms/forward | vLLM-native drafter ms/forward | old ms/draft token "
         "| new ms/draft token | speedup |",
@@ -113,7 +115,7 @@ def main() -> None:
             f"| {r['batch_size']} | {r['new_dtype']} | {r['old_ms_per_forward']:.1f} | {r['new_ms_per_forward']:.1f} | "
             f"{r['old_ms_per_draft_token']:.2f} | {r['new_ms_per_draft_token']:.2f} | {r['speedup']:.2f}x |"
         )
-    (OUT / "drafter_speed.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
