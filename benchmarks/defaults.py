@@ -43,11 +43,13 @@ SYNC_PLAIN = "plain, no async scheduling"
 
 
 def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, draft_dtypes: tuple[str, ...] = (),
-            plain_sync: bool = False) -> list[tuple[str, dict | None, dict]]:
+            plain_sync: bool = False, auto_variants: tuple[tuple[str, dict], ...] = ()
+            ) -> list[tuple[str, dict | None, dict]]:
     """The configurations of one cell: (name, speculative config, extra job keys).
 
     ``draft_dtypes`` adds ``auto`` with each of those draft dtypes set (``auto`` itself
-    keeps ``draft_dtype: auto``). ``plain_sync`` adds plain decoding with async
+    keeps ``draft_dtype: auto``); ``auto_variants`` adds ``auto`` with each (label,
+    settings) pair's settings over the defaults. ``plain_sync`` adds plain decoding with async
     scheduling off, as vLLM 0.32.0 runs every engine with our proposer (it keeps async
     scheduling for its own methods only): what the speculative path costs where nothing
     drafts, minus what the scheduling mode costs."""
@@ -58,6 +60,7 @@ def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, dra
     out.append(("auto", {**ours, "algorithm": "auto"}, {}))
     out += [(f"auto, {dtype} drafter", {**ours, "algorithm": "auto", "draft_dtype": dtype}, {})
             for dtype in draft_dtypes]
+    out += [(f"auto, {label}", {**ours, "algorithm": "auto", **settings}, {}) for label, settings in auto_variants]
     out += [(rule, {**ours, "algorithm": rule}, {}) for rule in rules]
     if builtin:
         out.append((BUILTIN, {"method": "draft_model", "model": draft, "num_speculative_tokens": 4,
@@ -88,6 +91,8 @@ def main() -> None:
     ap.add_argument("--no-builtin", action="store_true")
     ap.add_argument("--draft-dtypes", nargs="*", default=[],
                     help="also run auto with each of these draft dtypes set (auto picks one itself)")
+    ap.add_argument("--auto-variant", action="append", default=[], metavar="LABEL=JSON",
+                    help='also run auto with these settings, e.g. \'slem only={"auto_greedy": ["slem"]}\'')
     ap.add_argument("--plain-sync", action="store_true",
                     help="also run plain decoding with async scheduling off (as every engine of ours runs)")
     ap.add_argument("--no-plain", action="store_true",
@@ -110,6 +115,7 @@ def main() -> None:
     if args.append:
         previous = json.loads((OUT / f"{args.name}.json").read_text())
         runs, meta = previous["runs"], {**previous["meta"], f"appended {meta['date']}": meta["args"]}
+    variants = tuple((label, json.loads(settings)) for label, settings in (v.split("=", 1) for v in args.auto_variant))
     cells = [(t, bs, temp) for t in args.targets for bs in args.batch_sizes for temp in args.temperatures]
     first = 1 + max((r.get("repeat", -1) for r in runs), default=-1)  # --append: rounds go on counting
     for rep in range(first, first + args.repeats):
@@ -120,7 +126,7 @@ def main() -> None:
             seeded = seeds_work(bs, temp)
             # Each round starts one configuration later (see the module docstring).
             order = configs(draft, rules, not args.no_builtin, not args.no_plain, tuple(args.draft_dtypes),
-                            args.plain_sync)
+                            args.plain_sync, variants)
             shift = rep % len(order)
             for name, spec, extra in order[shift:] + order[:shift]:
                 job = {"target": targets[target], "prompts": prompts, "max_tokens": args.max_tokens,
