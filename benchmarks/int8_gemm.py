@@ -62,7 +62,8 @@ def time_shape(rows: int, k: int, n: int, calls: int, repeats: int) -> dict:
 
     ref = torch.nn.functional.linear(x, w)
     err = float((int8() - ref).norm() / ref.norm())
-    return {"rows": rows, "k": k, "n": n, "float32_ms": per_call_ms(lambda: ops.onednn_mm(f32, x, None), calls, repeats),
+    return {"rows": rows, "k": k, "n": n,
+            "float32_ms": per_call_ms(lambda: ops.onednn_mm(f32, x, None), calls, repeats),
             "int8_ms": per_call_ms(int8, calls, repeats), "int8_rel_error": err}
 
 
