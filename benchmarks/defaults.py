@@ -42,14 +42,12 @@ BUILTIN = "vllm built-in TLI"
 SYNC_PLAIN = "plain, no async scheduling"
 
 
-def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, draft_dtypes: tuple[str, ...] = (),
-            plain_sync: bool = False, auto_variants: tuple[tuple[str, dict], ...] = ()
-            ) -> list[tuple[str, dict | None, dict]]:
+def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, plain_sync: bool = False,
+            auto_variants: tuple[tuple[str, dict], ...] = ()) -> list[tuple[str, dict | None, dict]]:
     """The configurations of one cell: (name, speculative config, extra job keys).
 
-    ``draft_dtypes`` adds ``auto`` with each of those draft dtypes set (``auto`` itself
-    keeps ``draft_dtype: auto``); ``auto_variants`` adds ``auto`` with each (label,
-    settings) pair's settings over the defaults. ``plain_sync`` adds plain decoding with async
+    ``auto_variants`` adds ``auto`` with each (label, settings) pair's settings over the
+    defaults (``--draft-dtypes`` and ``--auto-variant``). ``plain_sync`` adds plain decoding with async
     scheduling off, as vLLM 0.32.0 runs every engine with our proposer (it keeps async
     scheduling for its own methods only): what the speculative path costs where nothing
     drafts, minus what the scheduling mode costs."""
@@ -58,8 +56,6 @@ def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, dra
     if plain_sync:
         out.append((SYNC_PLAIN, None, {"async_scheduling": False}))
     out.append(("auto", {**ours, "algorithm": "auto"}, {}))
-    out += [(f"auto, {dtype} drafter", {**ours, "algorithm": "auto", "draft_dtype": dtype}, {})
-            for dtype in draft_dtypes]
     out += [(f"auto, {label}", {**ours, "algorithm": "auto", **settings}, {}) for label, settings in auto_variants]
     out += [(rule, {**ours, "algorithm": rule}, {}) for rule in rules]
     if builtin:
@@ -115,7 +111,8 @@ def main() -> None:
     if args.append:
         previous = json.loads((OUT / f"{args.name}.json").read_text())
         runs, meta = previous["runs"], {**previous["meta"], f"appended {meta['date']}": meta["args"]}
-    variants = tuple((label, json.loads(settings)) for label, settings in (v.split("=", 1) for v in args.auto_variant))
+    variants = (*((f"{dtype} drafter", {"draft_dtype": dtype}) for dtype in args.draft_dtypes),
+                *((label, json.loads(settings)) for label, settings in (v.split("=", 1) for v in args.auto_variant)))
     cells = [(t, bs, temp) for t in args.targets for bs in args.batch_sizes for temp in args.temperatures]
     first = 1 + max((r.get("repeat", -1) for r in runs), default=-1)  # --append: rounds go on counting
     for rep in range(first, first + args.repeats):
@@ -125,8 +122,7 @@ def main() -> None:
             prompts = chat_prompts(targets[target], questions[:n])
             seeded = seeds_work(bs, temp)
             # Each round starts one configuration later (see the module docstring).
-            order = configs(draft, rules, not args.no_builtin, not args.no_plain, tuple(args.draft_dtypes),
-                            args.plain_sync, variants)
+            order = configs(draft, rules, not args.no_builtin, not args.no_plain, args.plain_sync, variants)
             shift = rep % len(order)
             for name, spec, extra in order[shift:] + order[:shift]:
                 job = {"target": targets[target], "prompts": prompts, "max_tokens": args.max_tokens,

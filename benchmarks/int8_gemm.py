@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from report import median
 
 OUT = Path(__file__).parent / "results"
 LAYERS = 30
@@ -41,7 +42,7 @@ def per_call_ms(fn, calls: int, repeats: int) -> float:
         for _ in range(calls):
             fn()
         times.append((time.perf_counter() - t0) / calls * 1e3)
-    return sorted(times)[len(times) // 2]
+    return median(times)
 
 
 def time_shape(rows: int, k: int, n: int, calls: int, repeats: int) -> dict:
