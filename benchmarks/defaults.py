@@ -146,6 +146,7 @@ def main() -> None:
                     "mean_acceptance_length": result["mean_acceptance_length"],
                     "draft_lengths": result.get("draft_lengths"), "rules_chosen": result.get("rules_chosen"),
                     "rule_rates": result.get("rule_rates"), "draft_dtype": result.get("draft_dtype"),
+                    "elapsed_s": result["elapsed_s"], "runner_s": result.get("runner_s"),
                     "wall_s": time.time() - t0,
                 })
                 print(f"{target} bs={bs} T={temp} {name} rep={rep}: {result['tok_per_s']:.2f} tok/s "
@@ -211,7 +212,32 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
         seeds = "" if seeds_work(r["batch_size"], r["temperature"]) else " (unseeded)"
         lines.append(f"| {r['target']} | {r['batch_size']} | {r['temperature']}{seeds} | {r['config']} | {runs_txt} | "
                      f"{fmt(r['speedup'], '.2f')}x | {spread} | {fmt(r['acceptance_rate'], '.1%')} | {rules} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + time_split(runs)) + "\n"
+
+
+def time_split(runs: list[dict]) -> list[str]:
+    """Where each configuration's timed part went, per output token (medians over its
+    runs, in ms): the target's forward and logits, sampling with verification and
+    drafting, and drafting alone -- so a gap between two configurations shows where
+    it lies. Only runs that recorded the runner's timers (from 2026-11-27)."""
+    timed = [r for r in runs if "error" not in r and r.get("runner_s")]
+    if not timed:
+        return []
+    lines = ["", "Where the timed part went, ms per output token (medians over the runs; `sample_tokens` "
+             "includes drafting):", "",
+             "| target | batch | T | configuration | execute_model | sample_tokens | drafting | elapsed |",
+             "|---|---|---|---|---|---|---|---|"]
+    keys = list(dict.fromkeys((r["target"], r["batch_size"], r["temperature"], r["config"]) for r in timed))
+    for key in keys:
+        mine = [r for r in timed if (r["target"], r["batch_size"], r["temperature"], r["config"]) == key]
+
+        def per_token(part: str) -> str:
+            return fmt(median([1e3 * r["runner_s"][part] / (r["tok_per_s"] * r["elapsed_s"]) for r in mine]), ".2f")
+
+        elapsed = fmt(median([1e3 / r["tok_per_s"] for r in mine]), ".2f")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {per_token('execute_model')} | "
+                     f"{per_token('sample_tokens')} | {per_token('propose_draft_token_ids')} | {elapsed} |")
+    return lines
 
 
 def plot(runs: list[dict], name: str) -> None:

@@ -102,24 +102,32 @@ def _find_drafter(llm: Any) -> Any:
         return None
 
 
-def _time_proposals() -> dict[str, float]:
-    """Time every ``propose_draft_token_ids`` call of the runner in this process (the
-    engine runs in process here), so our drafter and vLLM's own draft models are timed
-    at the same place."""
+#: The model runner's methods every job times (the engine runs in process): the target's
+#: forward and logits (``execute_model``), sampling with verification and drafting
+#: (``sample_tokens``, which calls the proposer), and drafting alone.
+RUNNER_TIMED = ("execute_model", "sample_tokens", "propose_draft_token_ids")
+
+
+def _time_runner() -> dict[str, dict[str, float]]:
+    """Time every call of the runner's :data:`RUNNER_TIMED` methods in this process: our
+    drafter and vLLM's own draft models are timed at the same place, and each run shows
+    where its steps' time went (on CPU a method's wall time is its cost; on CUDA it
+    would need a sync first)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    totals = {"seconds": 0.0, "calls": 0}
-    original = GPUModelRunner.propose_draft_token_ids
+    totals = {name: {"seconds": 0.0, "calls": 0} for name in RUNNER_TIMED}
+    for name in RUNNER_TIMED:
+        original = getattr(GPUModelRunner, name)
 
-    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            totals["seconds"] += time.perf_counter() - t0
-            totals["calls"] += 1
+        def timed(self: Any, *args: Any, _original: Any = original, _total: dict = totals[name], **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                _total["seconds"] += time.perf_counter() - t0
+                _total["calls"] += 1
 
-    GPUModelRunner.propose_draft_token_ids = timed
+        setattr(GPUModelRunner, name, timed)
     return totals
 
 
@@ -145,7 +153,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import StructuredOutputsParams
 
-    propose_time = _time_proposals()
+    runner_time = _time_runner()
     llm = LLM(
         model=job["target"],
         dtype=job.get("dtype", "float32"),
@@ -196,7 +204,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     elif warmup:
         llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0, detokenize=detokenize), use_tqdm=False)
     before = {m.name: m for m in llm.get_metrics()}
-    propose_time.update(seconds=0.0, calls=0)
+    for total in runner_time.values():
+        total.update(seconds=0.0, calls=0)
     t0 = time.perf_counter()
     outputs = generate_all()
     elapsed = time.perf_counter() - t0
@@ -231,10 +240,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         "acceptance_per_position": [per_pos[i] / drafts for i in sorted(per_pos)] if drafts else None,
         "num_preemptions": delta("vllm:num_preemptions"),
     }
-    # Drafting time as vLLM's runner sees it, for any drafter (ours: bridge included).
-    result["propose_s"] = propose_time["seconds"]
-    result["propose_calls"] = propose_time["calls"]
-    result["propose_ms_per_draft_token"] = 1e3 * propose_time["seconds"] / draft_tokens if draft_tokens else None
+    # Where the timed part went, as vLLM's runner sees it; drafting timed at the same
+    # place for any drafter (ours: bridge included).
+    propose = runner_time["propose_draft_token_ids"]
+    result["propose_s"] = propose["seconds"]
+    result["propose_calls"] = propose["calls"]
+    result["runner_s"] = {name: total["seconds"] for name, total in runner_time.items()}
+    result["propose_ms_per_draft_token"] = 1e3 * propose["seconds"] / draft_tokens if draft_tokens else None
     # Every worker's hetero:* slots (with TP each rank's proposer has its own board).
     from vllm_hetero_spec.metrics import metrics_dir, read_boards
 
