@@ -163,14 +163,20 @@ def write(runs: list[dict], meta: dict, name: str) -> None:
     (OUT / f"{name}.md").write_text(to_markdown(runs, meta))
 
 
+def by_configuration(runs: list[dict]) -> dict[tuple, list[dict]]:
+    """The runs of each (target, batch size, temperature, configuration), in first-seen order."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["target"], r["batch_size"], r["temperature"], r["config"]), []).append(r)
+    return groups
+
+
 def summarize(runs: list[dict]) -> list[dict]:
     """Per (cell, configuration): the median tok/s, its spread, and ratios to plain."""
-    ok = [r for r in runs if "error" not in r]
-    keys = list(dict.fromkeys((r["target"], r["batch_size"], r["temperature"], r["config"]) for r in runs))
     rows = []
-    for key in keys:
-        mine = [r for r in ok if (r["target"], r["batch_size"], r["temperature"], r["config"]) == key]
-        failed = sum(1 for r in runs if "error" in r and (r["target"], r["batch_size"], r["temperature"], r["config"]) == key)
+    for key, group in by_configuration(runs).items():
+        mine = [r for r in group if "error" not in r]
+        failed = len(group) - len(mine)
         tps = [r["tok_per_s"] for r in mine]
         rows.append({"target": key[0], "batch_size": key[1], "temperature": key[2], "config": key[3],
                      "runs": tps, "tok_per_s": median(tps), "failed": failed,
@@ -227,9 +233,7 @@ def time_split(runs: list[dict]) -> list[str]:
              "includes drafting):", "",
              "| target | batch | T | configuration | execute_model | sample_tokens | drafting | elapsed |",
              "|---|---|---|---|---|---|---|---|"]
-    keys = list(dict.fromkeys((r["target"], r["batch_size"], r["temperature"], r["config"]) for r in timed))
-    for key in keys:
-        mine = [r for r in timed if (r["target"], r["batch_size"], r["temperature"], r["config"]) == key]
+    for key, mine in by_configuration(timed).items():
 
         def per_token(part: str) -> str:
             return fmt(median([1e3 * r["runner_s"][part] / (r["tok_per_s"] * r["elapsed_s"]) for r in mine]), ".2f")
