@@ -43,19 +43,21 @@ SYNC_PLAIN = "plain, no async scheduling"
 
 
 def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, plain_sync: bool = False,
-            auto_variants: tuple[tuple[str, dict], ...] = ()) -> list[tuple[str, dict | None, dict]]:
+            auto_variants: tuple[tuple[str, dict], ...] = (), auto: bool = True) -> list[tuple[str, dict | None, dict]]:
     """The configurations of one cell: (name, speculative config, extra job keys).
 
     ``auto_variants`` adds ``auto`` with each (label, settings) pair's settings over the
     defaults (``--draft-dtypes`` and ``--auto-variant``). ``plain_sync`` adds plain decoding with async
     scheduling off, as vLLM 0.32.0 runs every engine with our proposer (it keeps async
     scheduling for its own methods only): what the speculative path costs where nothing
-    drafts, minus what the scheduling mode costs."""
+    drafts, minus what the scheduling mode costs. ``auto=False`` leaves ``auto`` out (a
+    cell measured before gets a configuration it lacked, beside plain run again)."""
     ours = {"method": "hetero", "model": draft, "num_speculative_tokens": 4}
     out: list[tuple[str, dict | None, dict]] = [("plain", None, {})] if plain else []
     if plain_sync:
         out.append((SYNC_PLAIN, None, {"async_scheduling": False}))
-    out.append(("auto", {**ours, "algorithm": "auto"}, {}))
+    if auto:
+        out.append(("auto", {**ours, "algorithm": "auto"}, {}))
     out += [(f"auto, {label}", {**ours, "algorithm": "auto", **settings}, {}) for label, settings in auto_variants]
     out += [(rule, {**ours, "algorithm": rule}, {}) for rule in rules]
     if builtin:
@@ -93,6 +95,8 @@ def main() -> None:
                     help="also run plain decoding with async scheduling off (as every engine of ours runs)")
     ap.add_argument("--no-plain", action="store_true",
                     help="leave plain decoding out (with --append: the cell's earlier plain runs are the baseline)")
+    ap.add_argument("--no-auto", action="store_true",
+                    help="leave auto out (with --append: add a configuration a cell lacked, e.g. the built-in)")
     ap.add_argument("--batch1-prompts", type=int, default=6, help="prompts run one at a time at batch 1")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
@@ -122,7 +126,8 @@ def main() -> None:
             prompts = chat_prompts(targets[target], questions[:n])
             seeded = seeds_work(bs, temp)
             # Each round starts one configuration later (see the module docstring).
-            order = configs(draft, rules, not args.no_builtin, not args.no_plain, args.plain_sync, variants)
+            order = configs(draft, rules, not args.no_builtin, not args.no_plain, args.plain_sync, variants,
+                            not args.no_auto)
             shift = rep % len(order)
             for name, spec, extra in order[shift:] + order[:shift]:
                 job = {"target": targets[target], "prompts": prompts, "max_tokens": args.max_tokens,

@@ -37,29 +37,17 @@ from pathlib import Path
 from report import fmt
 
 OUT = Path(__file__).parent / "results"
-TIMED = ("execute_model", "sample_tokens", "_model_forward", "_sample", "propose_draft_token_ids")
+#: Timed beside ``run_job``'s own (``RUNNER_TIMED``: execute_model, sample_tokens, propose_draft_token_ids).
+EXTRA_TIMED = ("_model_forward", "_sample")
 PREFIX = "ANATOMY "
 
 
 def child(job: dict) -> None:
     """Run ``job`` with the runner's methods timed; print the result and the per-call times."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
     from vllm_hetero_spec.harness.evaluation import run_job
 
-    calls: dict[str, list[float]] = {name: [] for name in TIMED}
-    for name in TIMED:
-        original = getattr(GPUModelRunner, name)
-
-        def timed(self, *args, _original=original, _name=name, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return _original(self, *args, **kwargs)
-            finally:
-                calls[_name].append(time.perf_counter() - t0)
-
-        setattr(GPUModelRunner, name, timed)
-    result = run_job(job)
+    result = run_job({**job, "time_calls": list(EXTRA_TIMED)})
+    calls = result.pop("runner_calls")
     result.pop("texts", None)
     result.pop("token_ids", None)
     print(PREFIX + json.dumps({"result": result, "calls": calls}), flush=True)

@@ -108,27 +108,26 @@ def _find_drafter(llm: Any) -> Any:
 RUNNER_TIMED = ("execute_model", "sample_tokens", "propose_draft_token_ids")
 
 
-def _time_runner() -> dict[str, dict[str, float]]:
-    """Time every call of the runner's :data:`RUNNER_TIMED` methods in this process: our
-    drafter and vLLM's own draft models are timed at the same place, and each run shows
-    where its steps' time went (on CPU a method's wall time is its cost; on CUDA it
-    would need a sync first)."""
+def _time_runner(names: tuple[str, ...]) -> dict[str, list[float]]:
+    """Time every call of the runner's methods ``names`` in this process, one wall time per
+    call: our drafter and vLLM's own draft models are timed at the same place, and each
+    run shows where its steps' time went (on CPU a method's wall time is its cost; on
+    CUDA it would need a sync first)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    totals = {name: {"seconds": 0.0, "calls": 0} for name in RUNNER_TIMED}
-    for name in RUNNER_TIMED:
+    calls: dict[str, list[float]] = {name: [] for name in names}
+    for name in names:
         original = getattr(GPUModelRunner, name)
 
-        def timed(self: Any, *args: Any, _original: Any = original, _total: dict = totals[name], **kwargs: Any) -> Any:
+        def timed(self: Any, *args: Any, _original: Any = original, _calls: list = calls[name], **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
                 return _original(self, *args, **kwargs)
             finally:
-                _total["seconds"] += time.perf_counter() - t0
-                _total["calls"] += 1
+                _calls.append(time.perf_counter() - t0)
 
         setattr(GPUModelRunner, name, timed)
-    return totals
+    return calls
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -147,13 +146,14 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     proposer), enforce_eager (vLLM's default, False, when absent: what users run; True
     skips torch.compile and its warm-up, which only makes a test start sooner),
     json_schemas (one per prompt, or None: structured output, a JSON schema the output
-    must follow).
+    must follow), time_calls (more runner methods to time, e.g. ``_model_forward``; the
+    result then carries every timed method's per-call seconds as ``runner_calls``).
     """
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import StructuredOutputsParams
 
-    runner_time = _time_runner()
+    runner_calls = _time_runner(RUNNER_TIMED + tuple(job.get("time_calls", ())))
     llm = LLM(
         model=job["target"],
         dtype=job.get("dtype", "float32"),
@@ -204,8 +204,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     elif warmup:
         llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0, detokenize=detokenize), use_tqdm=False)
     before = {m.name: m for m in llm.get_metrics()}
-    for total in runner_time.values():
-        total.update(seconds=0.0, calls=0)
+    for calls in runner_calls.values():
+        calls.clear()
     t0 = time.perf_counter()
     outputs = generate_all()
     elapsed = time.perf_counter() - t0
@@ -242,11 +242,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     }
     # Where the timed part went, as vLLM's runner sees it; drafting timed at the same
     # place for any drafter (ours: bridge included).
-    propose = runner_time["propose_draft_token_ids"]
-    result["propose_s"] = propose["seconds"]
-    result["propose_calls"] = propose["calls"]
-    result["runner_s"] = {name: total["seconds"] for name, total in runner_time.items()}
-    result["propose_ms_per_draft_token"] = 1e3 * propose["seconds"] / draft_tokens if draft_tokens else None
+    propose = runner_calls["propose_draft_token_ids"]
+    result["propose_s"] = sum(propose)
+    result["propose_calls"] = len(propose)
+    result["runner_s"] = {name: sum(runner_calls[name]) for name in RUNNER_TIMED}
+    if job.get("time_calls"):
+        result["runner_calls"] = runner_calls
+    result["propose_ms_per_draft_token"] = 1e3 * sum(propose) / draft_tokens if draft_tokens else None
     # Every worker's hetero:* slots (with TP each rank's proposer has its own board).
     from vllm_hetero_spec.metrics import metrics_dir, read_boards
 
