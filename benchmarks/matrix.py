@@ -80,8 +80,12 @@ def _ratio(m: dict | None) -> str:
     if m is None:
         return "not measured"
     if "failed" in m:
-        return f"failed to start ({m['failed']} runs)"
-    return f"{m['speedup']:.2f}x ({m['low']:.2f}-{m['high']:.2f}; {m['runs']} runs)"
+        return f"failed to start ({_runs(m['failed'])})"
+    return f"{m['speedup']:.2f}x ({m['low']:.2f}-{m['high']:.2f}; {_runs(m['runs'])})"
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
 
 
 def to_markdown(rows: list[dict]) -> str:

@@ -69,4 +69,4 @@ def test_every_cell_is_listed_and_the_best_rule_is_chosen(matrix, tmp_path) -> N
     assert row["best_rule"] == "slrs" and row["rules_run"] == ["slrs", "tli"] and row["auto"] is None
     text = matrix.to_markdown(rows)
     assert "| qwen2.5-coder-1.5b | 8 | 1 | not measured | `slrs` 1.10x" in text
-    assert "failed to start (1 runs)" in text
+    assert "failed to start (1 run)" in text
