@@ -16,10 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from defaults import BUILTIN, by_configuration
+from defaults import BUILTIN, OUT, RULES, by_configuration
 from report import fmt, median
-
-OUT = Path(__file__).parent / "results"
 
 #: The result files measured on the 2-core AMD EPYC (float32 drafter), oldest first (the
 #: order they were committed in); a later file's cell replaces an earlier one's.
@@ -34,8 +32,6 @@ SOURCES = (
     "defaults_15b_b8_b32", "defaults_15b_b1_builtin",
 )
 TARGETS = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma3-270m")
-#: The lossless rules a cell runs alone (``defaults.py --rules``).
-RULES = ("slem", "tli", "slrs", "dtw", "union")
 
 
 def measurements(files: list[Path]) -> dict[tuple, dict]:
