@@ -63,3 +63,15 @@ def test_in_place_like_vllm() -> None:
     logits = torch.randn(3, 2000)
     out = top_k_top_p_without_sort(logits, torch.full((3,), 20), torch.full((3,), 0.8), vllm)
     assert out.data_ptr() == logits.data_ptr()
+
+
+def test_ties_that_fit_another_rows_larger_slice_take_the_partial_path() -> None:
+    """Row 0's three-way tie at its 2nd place fits the slice row 1's k = 5 makes."""
+    logits = torch.cat([torch.tensor([[5.0, 3.0, 3.0, 3.0, 1.0, 0.0] + [-4.0] * 100]), torch.randn(1, 106)])
+    k, p = torch.tensor([2, 5]), torch.tensor([0.999, 0.9])
+    calls: list[int] = []
+    ours = top_k_top_p_without_sort(logits.clone(), k, p, _fallback_spy(calls))
+    theirs = vllm(logits.clone(), k, p)
+    assert not calls
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
+    assert torch.equal(ours[torch.isfinite(ours)], theirs[torch.isfinite(theirs)])

@@ -42,11 +42,14 @@ def top_k_top_p_without_sort(
     k_max = int(k.max())
     if k_max > _MAX_SHARE * vocab or int(k.min()) < 1:
         return fallback(logits, k, p)
-    top, idx = logits.topk(k_max, dim=-1)  # [rows, k_max], descending
+    # One more than the slice holds: more than k_max logits are >= a row's k-th largest
+    # exactly when its (k_max + 1)-th largest is, so boundary ties that would overflow
+    # the slice show here, without a pass over the whole vocabulary.
+    top, idx = logits.topk(k_max + 1, dim=-1)  # [rows, k_max + 1], descending
     kth = top.gather(1, (k - 1).unsqueeze(1))  # [rows, 1]
-    if bool(((logits >= kth).sum(-1) > k_max).any()):
+    if bool((top[:, k_max:] >= kth).any()):
         return fallback(logits, k, p)
-    ascending, idx = top.flip(-1), idx.flip(-1)
+    ascending, idx = top[:, :k_max].flip(-1), idx[:, :k_max].flip(-1)
     ascending = ascending.masked_fill(ascending < kth, float("-inf"))
     below = ascending.softmax(dim=-1).cumsum(dim=-1)  # mass up to and including each
     drop = below <= 1 - p.unsqueeze(1)
