@@ -22,12 +22,18 @@ def _with_specials(tokenizer: PreTrainedTokenizerBase, table: list[bytes | None]
     return out
 
 
+def text_encoder(tokenizer: PreTrainedTokenizerBase, table: list[bytes | None]) -> TokenEncoder:
+    """The encoder a bridge holds for ``tokenizer``, from its byte ``table``
+    (:func:`token_bytes_table`): control tokens spelled literally."""
+    return TokenEncoder(tokenizer, _with_specials(tokenizer, table))
+
+
 @dataclass
 class VocabBridge:
     """Tokenizers, per-token bytes and the shared vocabulary of a draft/target pair.
 
     ``*_bytes`` are the text of each id, ``None`` for control tokens; the encoders'
-    tables instead spell control tokens literally (see :func:`_with_specials`).
+    tables instead spell control tokens literally (see :func:`text_encoder`).
     """
 
     draft_tokenizer: PreTrainedTokenizerBase
@@ -63,8 +69,8 @@ class VocabBridge:
             d_tok,
             t_tok,
             inter,
-            TokenEncoder(d_tok, _with_specials(d_tok, d_bytes)),
-            TokenEncoder(t_tok, _with_specials(t_tok, t_bytes)),
+            text_encoder(d_tok, d_bytes),
+            text_encoder(t_tok, t_bytes),
             same,
             d_bytes,
             t_bytes,
