@@ -30,7 +30,8 @@ SOURCES = (
     "defaults_05b_b8_b32", "defaults_gemma_b8_b32", "defaults_fp16_drafter",
     "defaults_gemma_b8_t0_rules", "defaults_gemma_b8_t0_sync", "defaults_gemma_b32_t0_sync",
     "defaults_15b_b8_b32", "defaults_15b_b1_builtin", "defaults_gemma_b1_t1",
-    "defaults_15b_b8_t0", "defaults_gemma_b1_t1_v2",
+    "defaults_15b_b8_t0", "defaults_gemma_b1_t1_v2", "defaults_05b_builtin",
+    "defaults_15b_builtin_t0",
 )
 TARGETS = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "gemma3-270m")
 
