@@ -13,8 +13,9 @@ fi
 # The whole suite in two passes: the tests that start no engine on both cores
 # (pytest-xdist), then the e2e modules, which run two engines at a time themselves.
 # Both passes always run; the exit status is the first failure's.
+# Each pass ends with its slowest steps (--durations) and its seconds per module
+# (tests/conftest.py), in CI's log too.
 status=0
-"${pytest[@]}" -m "not e2e" -n 2 || status=$?
-# --durations: which e2e modules cost the time, in CI's log too.
+"${pytest[@]}" -m "not e2e" -n 2 --durations=15 || status=$?
 "${pytest[@]}" -m e2e --durations=25 || { s=$?; [ "$status" -ne 0 ] || status=$s; }
 exit "$status"

@@ -7,6 +7,7 @@ import gc
 import os
 import random
 import zlib
+from collections import defaultdict
 
 # One thread per pytest-xdist worker, set before torch starts OpenMP: the fast lane runs a
 # worker per core, and two workers each spinning two OpenMP threads on two cores ran the
@@ -97,3 +98,20 @@ def selected_params(request: pytest.FixtureRequest):
         return seen
 
     return values
+
+
+# Seconds per test module (setup, call and teardown of its tests, module fixtures
+# included), printed at the end of every run: CI's log then shows where the time went.
+_MODULE_SECONDS: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _MODULE_SECONDS[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 -- pytest's TerminalReporter
+    if not _MODULE_SECONDS:
+        return
+    terminalreporter.write_sep("=", "seconds per test module (with -n: summed over workers)")
+    for path, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f}  {path}")

@@ -36,6 +36,13 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        "top-p-tie", "verification's top-p keeps its own choice among logits tied across the cut",
+        "vllm_hetero_spec/verify/top_k_top_p.py",
+        "    return tie.squeeze(1) | near.any(dim=1)",
+        "    return near.any(dim=1)",
+        ("tests/verify/test_top_k_top_p.py", "-k", "ties"),
+    ),
+    Mutation(
         "M9", "the sampler adapter skips vLLM's temperature/top-k/top-p on p",
         "vllm_hetero_spec/verify/sampler.py",
         "target_logits = apply_sampling_constraints(target_logits, metadata.cu_num_draft_tokens, sampling_metadata)",
@@ -312,6 +319,28 @@ MUTATIONS = [
         "        out = self.sampler(logits=logits, sampling_metadata=replace(sampling_metadata, generators={}),\n"
         "                           predict_bonus_token=True)",
         ("tests/verify/test_sampler_adapter.py",),
+    ),
+    Mutation(
+        "q-right-column", "q of a padded per-row support is read from the column right of the token",
+        "vllm_hetero_spec/verify/draft_probs.py",
+        "            col = torch.searchsorted(support, tokens.unsqueeze(1)).clamp(max=support.shape[1] - 1)",
+        "            col = (torch.searchsorted(support, tokens.unsqueeze(1), right=True) - 1).clamp(\n"
+        "                min=0, max=support.shape[1] - 1)",
+        ("tests/verify/test_mixed_batch.py",),
+    ),
+    Mutation(
+        "pad-first-id", "narrow q supports are padded with their first id instead of their last",
+        "vllm_hetero_spec/verify/draft_probs.py",
+        "support.append(torch.cat([p.support, p.support[:, -1:].expand(-1, pad)], dim=1))",
+        "support.append(torch.cat([p.support, p.support[:, :1].expand(-1, pad)], dim=1))",
+        ("tests/verify/test_mixed_batch.py",),
+    ),
+    Mutation(
+        "grammar-json-only", "only JSON-schema requests are verified one-hot (regex, choice, grammar with q)",
+        "vllm_hetero_spec/proposer.py",
+        "        return p is not None and p.structured_outputs is not None",
+        "        return p is not None and p.structured_outputs is not None and p.structured_outputs.json is not None",
+        ("tests/drafter/test_proposer_token_level.py", "-k", "structured"),
     ),
 ]
 

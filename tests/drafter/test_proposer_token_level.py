@@ -230,21 +230,24 @@ def test_a_seeded_request_draws_for_its_own_length(monkeypatch, bridge, smollm2,
 
 def test_structured_output_requests_are_verified_one_hot(monkeypatch, bridge, smollm2, qwen05) -> None:
     """vLLM cuts a structured-output request's draft at its first grammar-invalid token,
-    so its proposals must be verified one-hot (``verify/plan.py``); the free request in
-    the same batch keeps its q rows."""
+    whatever the kind of constraint (JSON schema, regex, choice, grammar), so its
+    proposals must be verified one-hot (``verify/plan.py``); the free request in the
+    same batch keeps its q rows."""
     from vllm.sampling_params import StructuredOutputsParams
 
     a, b, _ = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [a, b])
-    schema = StructuredOutputsParams(json={"type": "string"})
-    requests = {"json": SamplingParams(temperature=1.0, structured_outputs=schema),
-                "free": SamplingParams(temperature=1.0)}
-    _attach(prop, requests, ["json", "free"])
-    _propose(prop, qwen05, 2)
+    constraints = {"json": dict(json={"type": "string"}), "regex": dict(regex="[a-z ]+"),
+                   "choice": dict(choice=["yes", "no"]), "grammar": dict(grammar='root ::= "a" | "b"')}
+    requests = {name: SamplingParams(temperature=1.0, structured_outputs=StructuredOutputsParams(**kw))
+                for name, kw in constraints.items()}
+    requests["free"] = SamplingParams(temperature=1.0)
+    _attach(prop, requests, list(requests))
+    _propose(prop, qwen05, len(requests))
     plan = prop.take_verify_plan()
-    assert plan.one_hot == {"json"}
-    block = plan.layout(["free", "json"], [K, K], K, torch.device("cpu"))
-    assert block.q.index.tolist() == [plan.q_index["free"], [-1] * K]
+    assert plan.one_hot == set(constraints)
+    block = plan.layout(["free", *constraints], [K] * len(requests), K, torch.device("cpu"))
+    assert block.q.index.tolist() == [plan.q_index["free"]] + [[-1] * K] * len(constraints)
 
 
 def test_tli_never_drafts_the_absent_token(monkeypatch, bridge, smollm2, qwen05) -> None:

@@ -51,10 +51,13 @@ def servers(plain_server: ServerProcess, qwen05: str, smollm2: str, tmp_path_fac
 def test_completions_and_chat_identical_to_plain_server(servers, stream: bool) -> None:
     plain, hetero = servers
     prompts = BRIDGE_STRESS[:4]
-    for prompt in prompts:
-        assert complete(hetero, prompt, 24, stream) == complete(plain, prompt, 24, stream), prompt
     question = "Write a Python function that reverses a string."
-    assert chat(hetero, question, 24, stream) == chat(plain, question, 24, stream)
+    # Every request to both servers at once: each server batches them as a user's load.
+    jobs = [(complete, server, prompt, 24, stream) for server in (hetero, plain) for prompt in prompts]
+    jobs += [(chat, server, question, 24, stream) for server in (hetero, plain)]
+    out = parallel(lambda fn, *args: fn(*args), jobs)
+    got, want = out[:len(prompts)] + out[-2:-1], out[len(prompts):2 * len(prompts)] + out[-1:]
+    assert got == want
     assert hetero.metric_sum("vllm:spec_decode_num_accepted_tokens_total") > 0
 
 
@@ -147,26 +150,35 @@ def test_spec_decode_metrics_are_consistent(servers) -> None:
     assert by_rule > 0 and hetero.metric_sum("hetero:slem_request_steps_total") > 0
 
 
-def _serve_fails(model: str, spec: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
+def _serve_fails(model: str, spec: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:
+    """A `vllm serve` expected to stop at start-up: its process and its seconds."""
+    began = time.monotonic()
+    proc = subprocess.run(
         [*vllm_command(), "serve", model, "--port", "1", *COMMON, "--speculative-config", spec],
         capture_output=True, text=True, timeout=timeout, env=default_env(),
     )
+    return proc, time.monotonic() - began
 
 
-@pytest.mark.parametrize(
-    "spec,needle",
-    [
-        ('{"method": "hetero", "model": "smollm2-135m", "num_speculative_tokens": 4, "algorithm": "nope"}',
-         "'algorithm' = 'nope' is not supported"),
-        ("configs/does-not-exist.json", "does not exist"),
-    ],
-    ids=["unknown algorithm", "missing file"],
-)
-def test_bad_cli_config_fails_fast_with_the_key(qwen05: str, spec: str, needle: str) -> None:
-    began = time.monotonic()
-    proc = _serve_fails(qwen05, spec)
+BAD_CONFIGS = {
+    "unknown algorithm": ('{"method": "hetero", "model": "smollm2-135m", "num_speculative_tokens": 4, '
+                          '"algorithm": "nope"}', "'algorithm' = 'nope' is not supported"),
+    "missing file": ("configs/does-not-exist.json", "does not exist"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_config_runs(qwen05: str) -> dict[str, tuple[subprocess.CompletedProcess, float]]:
+    """Every bad config's `vllm serve` at once (each is mostly single-threaded imports)."""
+    return dict(zip(BAD_CONFIGS, parallel(lambda spec: _serve_fails(qwen05, spec),
+                                         [(spec,) for spec, _ in BAD_CONFIGS.values()])))
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_cli_config_fails_fast_with_the_key(bad_config_runs: dict, case: str) -> None:
+    proc, seconds = bad_config_runs[case]
+    needle = BAD_CONFIGS[case][1]
     assert proc.returncode != 0
     assert needle in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    assert time.monotonic() - began < 120
+    assert seconds < 120

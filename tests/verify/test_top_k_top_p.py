@@ -75,3 +75,105 @@ def test_ties_that_fit_another_rows_larger_slice_take_the_partial_path() -> None
     assert not calls
     assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
     assert torch.equal(ours[torch.isfinite(ours)], theirs[torch.isfinite(theirs)])
+
+
+def _kept(logits: torch.Tensor) -> list[set[int]]:
+    return [set(torch.isfinite(row).nonzero().squeeze(1).tolist()) for row in logits]
+
+
+def _bf16_rows(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Logits as a bf16 model gives them, with 40 clear leaders per row whose values fall
+    on a coarse grid (so equal values abound among them, and top-p cuts through ties)
+    and no tie at the 40th place with the rest (so the partial path is taken)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=gen) - 6
+    leaders = 8 + (torch.randn(rows, 40, generator=gen) * 4).round() / 4
+    ids = torch.stack([torch.randperm(vocab, generator=gen)[:40] for _ in range(rows)])
+    return logits.scatter_(1, ids, leaders.clamp(min=2)).to(torch.bfloat16).float()
+
+
+@pytest.mark.parametrize("vocab", [151_936, 262_144])
+def test_bf16_ties_keep_vllms_sets_on_a_full_vocabulary(vocab: int) -> None:
+    """top_k = 40 and top_p = 0.9 (a common generation config) on bf16 logits: every
+    row keeps exactly what vLLM's own function keeps, ties across the top-p cut included
+    (which of two equal logits vLLM drops is its sort's order, not index order: before
+    the fix most of these rows kept another set)."""
+    logits = _bf16_rows(64, vocab, vocab)
+    k, p = torch.full((64,), 40), torch.full((64,), 0.9)
+    seen: list[int] = []
+
+    def fallback(x, kk, pp):
+        seen.append(x.shape[0])
+        return vllm(x, kk, pp)
+
+    ours = top_k_top_p_without_sort(logits.clone(), k, p, fallback)
+    assert _kept(ours) == _kept(vllm(logits.clone(), k, p))
+    assert seen and seen[0] < 64  # the partial path ran, handing vLLM only the tied rows
+
+
+def _tie_rows(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Three rows with exact ties: across the top-p cut, at the top-k boundary, and both."""
+    logits = torch.full((3, vocab), -20.0)
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randperm(vocab, generator=gen)[:12].view(3, 4)  # scattered, in no index order
+    # Row 0: masses 0.4, 0.2, 0.2, 0.2 (about); top-p 0.7 cuts between the two tied 0.2s.
+    # Row 1: k = 2 with a three-way tie at the 2nd place (all three survive top-k).
+    # Row 2: k = 3 with a tie at the 3rd place that top-p 0.7 then cuts through.
+    values = torch.tensor([[2.0, 1.3069, 1.3069, 1.3069], [2.0, 1.0, 1.0, 1.0], [2.0, 1.3069, 1.3069, 1.3069]])
+    for r in range(3):
+        logits[r, ids[r]] = values[r]
+    return logits, torch.tensor([4, 2, 3]), torch.tensor([0.7, 0.999, 0.7])
+
+
+@pytest.mark.parametrize("vocab", [151_936, 262_144])
+def test_exact_ties_at_the_cuts_keep_vllms_sets(vocab: int) -> None:
+    logits, k, p = _tie_rows(vocab)
+    ours = top_k_top_p_without_sort(logits.clone(), k, p, vllm)
+    theirs = vllm(logits.clone(), k, p)
+    assert _kept(ours) == _kept(theirs)
+    assert [len(s) for s in _kept(theirs)] == [3, 4, 3]  # the ties really straddle the cuts
+
+
+def test_a_row_without_ties_at_its_cut_keeps_the_partial_path() -> None:
+    """Only the fragile rows go to vLLM's function (the others keep the fast path)."""
+    logits, k, p = _tie_rows(50_000)
+    clean = torch.randn(5, 50_000)
+    seen: list[int] = []
+
+    def fallback(x, kk, pp):
+        seen.append(x.shape[0])
+        return vllm(x, kk, pp)
+
+    both = torch.cat([logits, clean])
+    kk, pp = torch.cat([k, torch.full((5,), 40)]), torch.cat([p, torch.full((5,), 0.9)])
+    ours = top_k_top_p_without_sort(both.clone(), kk, pp, fallback)
+    assert seen == [2]  # rows 0 and 2 (row 1's tie overflows no slice: k_max = 40)
+    assert _kept(ours) == _kept(vllm(both.clone(), kk, pp))
+
+
+def test_on_cuda_verification_filters_with_vllms_own_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the patched verification filter is vLLM's own function (Triton there, as
+    in plain decoding's sampler), so the kept sets are vLLM's by construction. Under
+    FakeTensorMode on a ``cuda`` device: the call reaches vLLM's implementation (here
+    its torch one, stood in for by a spy: its ``cumsum(out=...)`` cannot run on a fake
+    cuda device in a CPU build of torch), not the partial path."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    import vllm_hetero_spec
+
+    vllm_hetero_spec.register()
+    reached: list[str] = []
+
+    def vllms(logits, k, p, allow_cpu_sync=False):
+        reached.append(logits.device.type)
+        return logits
+
+    monkeypatch.setattr(topk_topp_sampler, "apply_top_k_top_p_pytorch", vllms)
+    cuda = torch.device("cuda")
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        logits = torch.randn(6, 151_936, device=cuda)
+        k, p = torch.full((6,), 40, device=cuda), torch.full((6,), 0.9, device=cuda)
+        out = rejection_sampler.apply_top_k_top_p(logits, k, p)
+        assert out.device.type == "cuda" and reached == ["cuda"]

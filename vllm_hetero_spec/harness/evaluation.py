@@ -133,7 +133,7 @@ def _time_runner(names: tuple[str, ...]) -> dict[str, list[float]]:
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Generate ``job['prompts']`` with the given engine settings; time the batch.
 
-    Keys: target, prompts, max_tokens, temperature, seed, speculative_config (or None),
+    Keys: target, prompts, max_tokens (or one per prompt), temperature, seed, speculative_config (or None),
     dtype, max_model_len, batch_size (requests submitted at once; default all),
     tensor_parallel_size (default 1), num_kv_blocks (the target's KV blocks; small
     values make vLLM preempt), max_num_seqs (default 16),
@@ -174,9 +174,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     schemas = job.get("json_schemas") or [None] * len(job["prompts"])
     prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in job["prompts"]]
 
+    max_tokens = job.get("max_tokens", 64)
+    lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+
     def params(i: int) -> SamplingParams:
         return SamplingParams(
-            max_tokens=job.get("max_tokens", 64),
+            max_tokens=lengths[i],
             temperature=temps[i],
             top_p=job.get("top_p", 1.0),
             top_k=job.get("top_k", 0),

@@ -13,6 +13,14 @@ largest (ties at the boundary survive, as in vLLM); top-p then drops the smalles
 survivors while the probability mass below them is at most 1 - p, keeping at least
 one. Rows whose ties would not fit in the slice, a row without top-k, or a top-k
 too large to gain from fall back to vLLM's own function.
+
+Top-p's cut is vLLM's only where vLLM's sort cannot place it elsewhere, so two kinds
+of row are handed to vLLM's own function, on the same logits:
+- a tie across the cut: which of equal logits vLLM drops first is the order its
+  unstable sort leaves them in (a function of the row alone, but not of index order),
+  and plain decoding keeps what that order keeps; equal logits are common in bf16;
+- a cumulative mass within a relative :data:`_CUT_TOLERANCE` of 1 - p: vLLM sums over
+  the whole vocabulary in another order, so its last bits may fall on the other side.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import torch
 
 # Below this share of the vocabulary a partial top-k beats a full sort comfortably.
 _MAX_SHARE = 0.125
+# Relative to 1 - p: far above float32 rounding of a softmax and a cumsum.
+_CUT_TOLERANCE = 1e-4
 
 TopKTopP = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
 
@@ -33,8 +43,9 @@ def top_k_top_p_without_sort(
     """``logits`` [rows, vocab] masked to -inf outside top-k then top-p (in place, like
     vLLM's); ``k`` [rows] integer, ``p`` [rows] float; ``fallback`` is vLLM's function.
 
-    Host syncs: two (the largest k, and whether boundary ties overflow the slice), as
-    vLLM's own CPU top-k path makes; only used where vLLM itself runs without Triton."""
+    Host syncs: three (the largest k, whether boundary ties overflow the slice, whether
+    a row's top-p cut is fragile), as vLLM's own CPU top-k path makes; only used where
+    vLLM itself runs without Triton."""
     if k is None or p is None or logits.shape[0] == 0:
         return fallback(logits, k, p)
     vocab = logits.shape[-1]
@@ -51,8 +62,28 @@ def top_k_top_p_without_sort(
         return fallback(logits, k, p)
     ascending, idx = top[:, :k_max].flip(-1), idx[:, :k_max].flip(-1)
     ascending = ascending.masked_fill(ascending < kth, float("-inf"))
-    below = ascending.softmax(dim=-1).cumsum(dim=-1)  # mass up to and including each
-    drop = below <= 1 - p.unsqueeze(1)
+    below = ascending.softmax(dim=-1).cumsum(dim=-1)  # [rows, k_max] mass up to and including each
+    cut = 1 - p.unsqueeze(1)
+    drop = below <= cut
     drop[:, -1] = False
+    fragile = _fragile_cut(ascending, below, cut, drop)  # [rows]
+    rows = fragile.nonzero().squeeze(1) if bool(fragile.any()) else None
+    theirs = None if rows is None else fallback(logits[rows], k[rows], p[rows])  # indexing copies the rows
     ascending.masked_fill_(drop, float("-inf"))
-    return logits.fill_(float("-inf")).scatter_(1, idx, ascending)
+    out = logits.fill_(float("-inf")).scatter_(1, idx, ascending)
+    if theirs is not None:
+        out[rows] = theirs
+    return out
+
+
+def _fragile_cut(ascending: torch.Tensor, below: torch.Tensor, cut: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    """[rows] bool: rows whose top-p cut vLLM's full sort may place differently.
+    ``ascending`` [rows, n] the top-k survivors in ascending order (-inf below the
+    k-th), ``below`` their cumulative mass, ``cut`` [rows, 1] = 1 - p, ``drop`` the
+    dropped prefix."""
+    n_drop = drop.sum(dim=1, keepdim=True)  # [rows, 1]: drop is a prefix (below rises)
+    last = ascending.gather(1, (n_drop - 1).clamp(min=0))
+    first = ascending.gather(1, n_drop.clamp(max=ascending.shape[1] - 1))
+    tie = (n_drop > 0) & (last == first) & torch.isfinite(first)
+    near = ((below - cut).abs() <= _CUT_TOLERANCE * cut) & torch.isfinite(ascending)
+    return tie.squeeze(1) | near.any(dim=1)
