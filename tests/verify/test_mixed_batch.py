@@ -137,7 +137,7 @@ def _build(seed: int) -> tuple[Batch, VerifyPlan, dict[int, torch.Generator]]:
     plan.one_hot = {f"r{r}" for r, rule in enumerate(rules) if rule == "grammar"}
     plan.force_reject = {req: (flags + [False] * K)[:K] for req, flags in force_reject.items()}
     plan.fsd_threshold = {f"r{r}": 0.0 for r, rule in enumerate(rules) if rule == "fsd"}
-    gens = {r: torch.Generator().manual_seed(10_000 + r) for r in range(len(rules)) if r % 2 == 0}
+    gens = {r: torch.Generator().manual_seed(10_000 + r) for r in range(len(rules)) if r % 4 == 0}
     return Batch(rules, perm, temperature, drafts, base), plan, gens
 
 
