@@ -3,18 +3,16 @@ BPE target): heterogeneous speculation in real vLLM gives exactly the target's o
 output, with the adaptive draft budget.
 
 Real engines, real models, float32 (bf16 rounding differs between one- and multi-token
-forwards, see README). Each configuration runs in its own process, two side by side,
-and is compared with the target alone under the same flags:
-- the shipped config (``algorithm: auto``) with vLLM's default flags, as users run it
-  (torch.compile, and the profile run that sends the rejection sampler dummy drafts
-  with no request), in a batch that mixes the greedy requests with as many sampled
-  ones (seeded, T = 1), so its rows draft with different rules in one step: the greedy
-  rows must still be the target's own output;
-- ``slrs``, whose psi walks the target's tokens (``enforce_eager``, only to start sooner).
+forwards, see README). The shipped config (``algorithm: auto``) with vLLM's default
+flags, as users run it (torch.compile, and the profile run that sends the rejection
+sampler dummy drafts with no request), in a batch that mixes the greedy requests with
+as many sampled ones (seeded, T = 1), so its rows draft with different rules in one
+step, beside the target alone under the same flags (two processes side by side): the
+greedy rows must be the target's own output.
 
 Every rule, each in batches that mix greedy and sampled rows, runs on the Gemma pair in
-test_e2e_rules.py; the Ray executor's greedy identity (faults included) in
-test_ray_executor.py.
+test_e2e_rules.py (``slrs`` on the Qwen tokenizer: tests/drafter/test_proposer_token_level.py);
+the Ray executor's greedy identity on this pair, faults included, in test_ray_executor.py.
 """
 
 from __future__ import annotations
@@ -52,7 +50,6 @@ SHIPPED = json.loads((Path(__file__).parents[2] / "configs" / "hetero.json").rea
 SHIPPED_CASE = "shipped-default-flags-mixed"
 CASES = {
     SHIPPED_CASE: (DEFAULT_FLAGS, {k: v for k, v in SHIPPED.items() if k != "model"}),
-    "slrs": (EAGER, {"algorithm": "slrs"}),
 }
 
 
@@ -70,8 +67,7 @@ def runs(selected_params, qwen05: str, smollm2: str) -> dict[str, dict | Excepti
         eager, spec = CASES[c]
         jobs[c] = _job(qwen05, eager, {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, **spec},
                        mixed=c == SHIPPED_CASE)
-    # The two slow starts (torch.compile) side by side, first.
-    names = sorted(jobs, key=lambda name: jobs[name]["enforce_eager"])
+    names = sorted(jobs, key=lambda name: jobs[name]["enforce_eager"])  # the slow starts (torch.compile) first
     return dict(zip(names, run_isolated_many([jobs[n] for n in names])))
 
 

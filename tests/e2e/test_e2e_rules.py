@@ -13,11 +13,12 @@ two-sample chi-square test. A control shows the test has power: the target at an
 temperature is detected.
 
 Power: the target alone's engine draws :data:`N_REF` = 3 N reference samples and each
-configuration N, an effective size n1 n2 / (n1 + n2) = 120, the same as the 240 against
-240 this module drew before (the reference is cheaper to draw than 8 configurations'
-samples). At p > 1e-3 and 8 degrees of freedom, the test detects with 80% power a bias
-of 0.15 of probability moved between two tokens of probability 0.2 each; smaller biases
-are the sampler-level tests' subject (``tests/verify``, 200k samples per case).
+configuration N (the reference is cheaper to draw than 8 configurations' samples), an
+effective size n1 n2 / (n1 + n2) = 90 (it was 120: 240 against 240, before the suite
+had to fit in 40 minutes). At p > 1e-3 and 8 degrees of freedom, the test detects with
+80% power a bias of 0.18 of probability moved between two tokens of probability 0.2
+each (0.15 before); it is an end-to-end plumbing check, and smaller biases are the
+sampler-level tests' subject (``tests/verify``: 20k to 2M samples per case).
 
 The target alone and the control run in one engine (per-request temperatures; each
 request has its own seed, so its output does not depend on its batch). Prompts go in as
@@ -38,7 +39,7 @@ from transformers import AutoTokenizer
 from vllm_hetero_spec.harness.evaluation import run_isolated_many, unwrap
 from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
 
-N = 160
+N = 120
 N_REF = 3 * N
 PROMPT = "My favourite thing about the weekend is"
 FILTERS = {"top_k": 40, "top_p": 0.95}
