@@ -25,7 +25,13 @@ def test_plugin_loggers_write_where_vllm_does(name: str, monkeypatch) -> None:
             seen.append(record)
 
     monkeypatch.setattr(vllm_logger, "handlers", [Collect()])
-    monkeypatch.setattr(vllm_logger, "level", logging.DEBUG)
-    logger.info("hetero spec: info line")
-    logger.debug("hetero spec: debug line")
+    level = vllm_logger.level
+    # setLevel, not the attribute: loggers cache isEnabledFor, and only setLevel clears
+    # the cache (a debug call from an earlier test in this process had cached False).
+    vllm_logger.setLevel(logging.DEBUG)
+    try:
+        logger.info("hetero spec: info line")
+        logger.debug("hetero spec: debug line")
+    finally:
+        vllm_logger.setLevel(level)
     assert [r.getMessage() for r in seen] == ["hetero spec: info line", "hetero spec: debug line"]
