@@ -93,13 +93,18 @@ SAMPLED_CASES = [c for c, (_, rows) in CASES.items() if SAMPLED in rows]
 JSON_CASES = [c for c, (_, rows) in CASES.items() if JSON in rows]
 
 
+def _prompts(group: Rows, prompts: dict) -> list[list[int]]:
+    """The token-id prompts of ``group``'s requests."""
+    return prompts["greedy"] if group.greedy else [prompts["sampled"]] * group.count
+
+
 def _job(target: str, prompts: dict[str, list[int] | list[list[int]]], rows: tuple[Rows, ...], seed0: int,
          spec: dict | None) -> dict:
     """One engine's requests: ``rows`` in order (greedy first, so that greedy rows share
     their steps with sampled ones), seeds from ``seed0``."""
     ids, temps, schemas, lengths = [], [], [], []
     for group in rows:
-        batch = prompts["greedy"] if group.greedy else [prompts["sampled"]] * group.count
+        batch = _prompts(group, prompts)
         ids += batch
         temps += [0.0 if group.greedy else group.temperature] * len(batch)
         schemas += [group.schema] * len(batch)
@@ -130,7 +135,7 @@ def _split(result: dict | Exception, rows: tuple[Rows, ...], prompts: dict) -> d
         return {group.name: result for group in rows}
     out, start = {}, 0
     for group in rows:
-        n = len(prompts["greedy"]) if group.greedy else group.count
+        n = len(_prompts(group, prompts))
         out[group.name] = {**result, "token_ids": result["token_ids"][start:start + n]}
         start += n
     return out

@@ -52,12 +52,13 @@ def test_completions_and_chat_identical_to_plain_server(servers, stream: bool) -
     plain, hetero = servers
     prompts = BRIDGE_STRESS[:4]
     question = "Write a Python function that reverses a string."
+    def requests(server: ServerProcess) -> list[tuple]:
+        return [(complete, server, p, 24, stream) for p in prompts] + [(chat, server, question, 24, stream)]
+
     # Every request to both servers at once: each server batches them as a user's load.
-    jobs = [(complete, server, prompt, 24, stream) for server in (hetero, plain) for prompt in prompts]
-    jobs += [(chat, server, question, 24, stream) for server in (hetero, plain)]
-    out = parallel(lambda fn, *args: fn(*args), jobs)
-    got, want = out[:len(prompts)] + out[-2:-1], out[len(prompts):2 * len(prompts)] + out[-1:]
-    assert got == want
+    out = parallel(lambda fn, *args: fn(*args), requests(hetero) + requests(plain))
+    half = len(out) // 2
+    assert out[:half] == out[half:]
     assert hetero.metric_sum("vllm:spec_decode_num_accepted_tokens_total") > 0
 
 
