@@ -94,9 +94,9 @@ def verify_inputs(b: int, inter: VocabIntersection, seed: int, device: torch.dev
         "draft_ids": drafts, "num_draft": torch.full((b,), K), "flat_index": flat_index, "target_probs": probs,
         "q": BlockQ(DraftProbs(q, inter.support), torch.arange(b * K).view(b, K)),
         "bonus_ids": torch.multinomial(probs.view(b, K + 1, TARGET_V)[:, K], 1, generator=g).squeeze(1),
-        "greedy": greedy, "uniform": torch.rand(b, K, generator=g, dtype=torch.float64).float(),
+        "exact": greedy, "uniform": torch.rand(b, K, generator=g, dtype=torch.float64).float(),
         "race_noise": torch.empty(noise_rows.shape[0], TARGET_V).exponential_(generator=g),
-        "noise_rows": noise_rows, "force_reject": force, "target_argmax": probs.argmax(-1),
+        "noise_rows": noise_rows, "force_reject": force, "target_choice": probs.argmax(-1),
     }
     return {name: _to(v, device) for name, v in cpu.items()}
 

@@ -46,7 +46,7 @@ def _inputs(b: int, k: int, greedy: bool, gen: torch.Generator) -> dict:
         metadata=spec_metadata(drafts),
         logits=logits,
         sampling=sampling_metadata(b, [0.0 if greedy else 1.0] * b),
-        rows=BatchRows([f"r{i}" for i in range(b)], [greedy] * b),
+        rows=BatchRows([f"r{i}" for i in range(b)], [greedy] * b, [0] * b),
     )
 
 

@@ -3,8 +3,11 @@ drafts and the sampling metadata of its rows, as the runner builds them."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
-from vllm.v1.sample.logits_processor import LogitsProcessors
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS, BatchUpdate, LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
@@ -13,11 +16,13 @@ from vllm_hetero_spec.verify.sampler import BatchRows
 GREEDY_EPS = 1e-5  # vLLM's: below it a request is sampled greedily
 
 
-def batch_rows(req_ids: list[str], temperature: list[float] | None = None) -> BatchRows:
+def batch_rows(
+    req_ids: list[str], temperature: list[float] | None = None, positions: list[int] | None = None
+) -> BatchRows:
     """The rows as vLLM's runner would classify them (greedy below 1e-5; all at T = 1
-    unless given)."""
+    unless given), each emitting from ``positions`` (all 0 unless given)."""
     temps = [1.0] * len(req_ids) if temperature is None else temperature
-    return BatchRows(list(req_ids), [t < GREEDY_EPS for t in temps])
+    return BatchRows(list(req_ids), [t < GREEDY_EPS for t in temps], positions or [0] * len(req_ids))
 
 
 def spec_metadata(drafts: list[list[int]], device: str | torch.device = "cpu") -> SpecDecodeMetadata:
@@ -43,9 +48,10 @@ def sampling_metadata(
     top_p: list[float] | None = None,
     generators: dict[int, torch.Generator] | None = None,
     device: str | torch.device = "cpu",
+    logitsprocs: LogitsProcessors | None = None,
 ) -> SamplingMetadata:
     """``b`` rows at temperature 1 unless given; below 1e-5 is greedy (stored as 0, as
-    vLLM's input batch does)."""
+    vLLM's input batch does); ``logitsprocs`` as :func:`logits_processors` builds them."""
     temps = [1.0] * b if temperature is None else temperature
     greedy = [t < GREEDY_EPS for t in temps]
     zeros = torch.zeros(b, device=device)
@@ -58,5 +64,16 @@ def sampling_metadata(
         generators=generators or {}, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
         frequency_penalties=zeros, presence_penalties=zeros, repetition_penalties=torch.ones(b, device=device),
         output_token_ids=[[] for _ in range(b)], allowed_token_ids_mask=None, bad_words_token_ids={},
-        logitsprocs=LogitsProcessors(),
+        logitsprocs=logitsprocs or LogitsProcessors(),
     )
+
+
+def logits_processors(params: list[SamplingParams], device: str | torch.device = "cpu") -> LogitsProcessors:
+    """vLLM's built-in logits processors (min_p, logit_bias, min_tokens) holding the
+    requests ``params`` at rows 0..B-1, brought there by vLLM's own batch update."""
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=len(params)))
+    procs = LogitsProcessors(ctor(config, torch.device(device), False) for ctor in BUILTIN_LOGITS_PROCESSORS)
+    update = BatchUpdate(len(params), [], [(i, p, [], []) for i, p in enumerate(params)], [])
+    for proc in procs.all:
+        proc.update_state(update)
+    return procs

@@ -45,7 +45,7 @@ MUTATIONS = [
     Mutation(
         "M9", "the sampler adapter skips vLLM's temperature/top-k/top-p on p",
         "vllm_hetero_spec/verify/sampler.py",
-        "target_logits = apply_sampling_constraints(target_logits, metadata.cu_num_draft_tokens, sampling_metadata)",
+        "target_logits = constrain(target_logits, metadata.cu_num_draft_tokens, sampling_metadata, min_p)",
         "target_logits = target_logits",
         ("tests/verify/test_sampler_adapter.py",),
     ),
@@ -64,18 +64,41 @@ MUTATIONS = [
         ("tests/verify/test_rules_power.py",),
     ),
     Mutation(
-        "seeded-k", "a seeded request draws uniforms for the batch's longest draft, not its own",
+        "seeded-stochastic", "seeded rows are verified by rejection sampling (their tokens then follow the drafts)",
         "vllm_hetero_spec/verify/sampler.py",
-        "uniform.select(0, r).narrow(0, 0, num_draft[r])",
-        "uniform.select(0, r)",
-        ("tests/verify/test_sampler_adapter.py", "-k", "seeded"),
+        "        exact = [g or r in drafted_seeded for r, g in enumerate(rows.greedy)]",
+        "        exact = list(rows.greedy)",
+        ("tests/verify/test_sampler_adapter.py", "-k", "whatever_was_drafted"),
     ),
     Mutation(
-        "replay", "a rebuilt request restarts its draft random stream",
-        "vllm_hetero_spec/drafter/engine.py",
-        'f"seed:{params.seed}:{n_target}"',
-        'f"seed:{params.seed}"',
-        ("tests/drafter/test_proposer_token_level.py", "-k", "rebuilt"),
+        "seeded-bonus-position", "the bonus token of a seeded row is drawn with the generator of its first position",
+        "vllm_hetero_spec/verify/sampler.py",
+        "[rows.positions[r] + offsets[r] for r in ordered]",
+        "[rows.positions[r] for r in ordered]",
+        ("tests/verify/test_sampler_adapter.py", "-k", "whatever_was_drafted"),
+    ),
+    Mutation(
+        "bias-drafted-rows", "logit_bias is not applied at the drafted positions (only at the bonus)",
+        "vllm_hetero_spec/verify/sampler.py",
+        "        target_logits = add_logit_bias(target_logits, sampling_metadata.logitsprocs, num_draft)\n",
+        "",
+        ("tests/verify/test_target_constraints.py",),
+    ),
+    Mutation(
+        "min-p-skipped", "min_p is not applied at the drafted positions (only at the bonus)",
+        "vllm_hetero_spec/verify/target_constraints.py",
+        "    if min_p is not None:\n        apply_min_p(logits, min_p)\n",
+        "",
+        ("tests/verify/test_target_constraints.py",),
+    ),
+    Mutation(
+        "min-p-late", "min_p is applied after top-k and top-p instead of before them",
+        "vllm_hetero_spec/verify/target_constraints.py",
+        "    if min_p is not None:\n        apply_min_p(logits, min_p)\n"
+        "    return rejection_sampler.apply_top_k_top_p(logits, top_k, top_p)\n",
+        "    logits = rejection_sampler.apply_top_k_top_p(logits, top_k, top_p)\n"
+        "    return logits if min_p is None else apply_min_p(logits, min_p)\n",
+        ("tests/verify/test_target_constraints.py",),
     ),
     Mutation(
         "global-rng", "the drafter samples from the global RNG",
@@ -151,8 +174,8 @@ MUTATIONS = [
     Mutation(
         "softmax-argmax", "greedy rows compare with the argmax of the float32 softmax, not of the logits",
         "vllm_hetero_spec/verify/sampler.py",
-        "target_argmax=target_logits.argmax(dim=-1) if any_greedy else None",
-        "target_argmax=target_logits.softmax(dim=-1).argmax(dim=-1) if any_greedy else None",
+        "target_choice = target_logits.argmax(dim=-1)",
+        "target_choice = target_logits.softmax(dim=-1).argmax(dim=-1)",
         ("tests/verify/test_sampler_adapter.py", "-k", "argmax"),
     ),
     Mutation(
@@ -169,13 +192,6 @@ MUTATIONS = [
         "        tok = int(rec[_ID])\n"
         "        if self.stop_prob > 0 and rec[-1] < self.stop_prob:\n            return False\n",
         ("tests/drafter/test_proposer_token_level.py", "-k", "stop_prob"),
-    ),
-    Mutation(
-        "noise-order", "verification noise rows laid out in batch order (seeded rows get other rows' draws)",
-        "vllm_hetero_spec/verify/sampler.py",
-        "noise_rows = to_device(unseeded + seeded, torch.long, device)",
-        "noise_rows = to_device(sorted(unseeded + seeded), torch.long, device)",
-        ("tests/verify/test_sampler_adapter.py", "-k", "its_row"),
     ),
     Mutation(
         "grammar-q", "grammar-cut drafts (structured outputs) verified with the real q",
@@ -315,9 +331,8 @@ MUTATIONS = [
     Mutation(
         "undrafted-unseeded", "a step without drafts samples seeded rows from the global stream",
         "vllm_hetero_spec/verify/sampler.py",
-        "        out = self.sampler(logits=logits, sampling_metadata=sampling_metadata, predict_bonus_token=True)",
-        "        out = self.sampler(logits=logits, sampling_metadata=replace(sampling_metadata, generators={}),\n"
-        "                           predict_bonus_token=True)",
+        "sampling_metadata=replace(sampling_metadata, generators=keyed)",
+        "sampling_metadata=replace(sampling_metadata, generators={})",
         ("tests/verify/test_sampler_adapter.py",),
     ),
     Mutation(

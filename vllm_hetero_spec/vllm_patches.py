@@ -162,9 +162,14 @@ def _patch_model_runner() -> None:
 
     def _batch_rows(batch: Any) -> BatchRows:
         """The rows as vLLM's input batch holds them, greedy as vLLM classified them
-        (``greedy_reqs``: the rows whose temperature it stored as 0)."""
+        (``greedy_reqs``: the rows whose temperature it stored as 0), each with the
+        number of tokens it holds before this step's drafts (``num_tokens_no_spec``:
+        synchronous scheduling, which vLLM keeps for ``custom_class`` proposers, has
+        brought it up to date before the sampler runs): the position of the first token
+        the row emits."""
         req_ids = list(batch.req_ids)
-        return BatchRows(req_ids, [r in batch.greedy_reqs for r in req_ids])
+        positions = batch.num_tokens_no_spec[: len(req_ids)].tolist()
+        return BatchRows(req_ids, [r in batch.greedy_reqs for r in req_ids], positions)
 
     def _hetero_drafter(runner: GPUModelRunner) -> HeteroProposer | None:
         """The runner's drafter when it is ours (the patches leave other methods alone)."""
@@ -268,6 +273,52 @@ def spec_config_arg(value: str) -> dict[str, Any] | None:
     except HeteroConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from err
     return spec
+
+
+def _is_hetero_spec(speculative_config: Any) -> bool:
+    """Whether vLLM's ``SpeculativeConfig`` is ours (``method: hetero`` arrives as a
+    ``custom_class`` naming our proposer)."""
+    from vllm_hetero_spec.config import PROPOSER_CLASS
+
+    return getattr(speculative_config, "method", None) == "custom_class" and \
+        getattr(speculative_config, "model", None) == PROPOSER_CLASS
+
+
+def _patch_min_p_logit_bias() -> None:
+    """Why: vLLM 0.32 refuses ``min_p`` and ``logit_bias`` under every speculative method
+    (``SamplingParams._validate_spec_decode``) and builds only the min_tokens logits
+    processor for a speculative engine (``build_logitsprocs``): its rejection sampler
+    cannot apply per-request processors to the drafted rows. Ours does
+    (``verify/target_constraints.py``), so with ``method: hetero`` both are accepted and
+    the engine gets vLLM's built-in processors, which its sampler applies to the bonus
+    token and undrafted steps as in plain decoding. Other methods keep vLLM's refusal,
+    and custom logits processors stay refused (we could not apply them to drafted rows)."""
+    from vllm import sampling_params
+    from vllm.v1.sample import logits_processor
+    from vllm.v1.worker import gpu_model_runner
+
+    validate = sampling_params.SamplingParams._validate_spec_decode
+
+    @functools.wraps(validate)
+    def _validate_spec_decode(self: Any, speculative_config: Any) -> None:
+        if not _is_hetero_spec(speculative_config):
+            validate(self, speculative_config)
+
+    build = gpu_model_runner.build_logitsprocs
+
+    @functools.wraps(build)
+    def build_logitsprocs(vllm_config: Any, device: Any, is_pin_memory: bool, is_pooling_model: bool,
+                          custom_logitsprocs: Any = ()) -> Any:
+        spec = vllm_config.speculative_config
+        if is_pooling_model or custom_logitsprocs or not _is_hetero_spec(spec):
+            return build(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs)
+        return logits_processor.LogitsProcessors(
+            ctor(vllm_config, device, is_pin_memory) for ctor in logits_processor.BUILTIN_LOGITS_PROCESSORS
+        )
+
+    why = _patch_min_p_logit_bias.__doc__
+    patch(sampling_params.SamplingParams, "_validate_spec_decode", _validate_spec_decode, why)
+    patch(gpu_model_runner, "build_logitsprocs", build_logitsprocs, why)
 
 
 def _patch_cli_args() -> None:
@@ -438,6 +489,7 @@ def apply() -> bool:
     _patch_verification_top_k_top_p()
     _patch_engine_args()
     _patch_model_runner()
+    _patch_min_p_logit_bias()
     _patch_cli_args()
     _patch_request_validation()
     _patch_multiprocess_metrics()

@@ -86,7 +86,7 @@ def test_the_override_patches_another_version(monkeypatch) -> None:
     monkeypatch.setenv(vllm_patches.SKIP_VERSION_CHECK_ENV, "1")
     calls = []
     names = ("_patch_expand_kernel", "_patch_verification_top_k_top_p", "_patch_engine_args", "_patch_model_runner",
-             "_patch_cli_args", "_patch_request_validation", "_patch_multiprocess_metrics",
+             "_patch_min_p_logit_bias", "_patch_cli_args", "_patch_request_validation", "_patch_multiprocess_metrics",
              "_patch_aot_compile_load")
     for name in names:
         monkeypatch.setattr(vllm_patches, name, lambda name=name: calls.append(name))

@@ -152,6 +152,6 @@ def test_verify_tokens_stays_on_device() -> None:
             ids, torch.full((3,), 2, device=CUDA), flat, probs, block.q, torch.zeros(3, dtype=torch.long, device=CUDA),
             torch.tensor([False, True, False], device=CUDA), torch.rand(3, 2, dtype=torch.float64, device=CUDA),
             torch.rand(len(sampled), vocab, device=CUDA), noise_rows, block.force_reject, block.fuzzy,
-            target_argmax=probs.argmax(dim=1),
+            target_choice=probs.argmax(dim=1),
         )
         assert out.device.type == "cuda" and out.shape == (3, 3)

@@ -9,6 +9,8 @@ its own generator and its own draft count, fails here.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from _sampler_inputs import batch_rows, sampling_metadata, spec_metadata
@@ -19,6 +21,7 @@ import vllm_hetero_spec
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.verify.plan import VerifyPlan
 from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
+from vllm_hetero_spec.verify.seeded import position_generators
 
 V = 8
 LOGITS = torch.tensor([2.0, 1.4, 1.1, 0.6, 0.3, 0.0, -0.4, -1.0])  # distinct: no ties at the cut-offs
@@ -98,42 +101,80 @@ def test_first_token_follows_the_processed_target_in_a_mixed_batch() -> None:
             assert_follows(tokens, processed(kind["temperature"], kind["top_k"], kind["top_p"]))
 
 
-def test_seeded_request_does_not_depend_on_the_batch() -> None:
-    """A seeded request draws from its own generator exactly what vLLM's sampler draws
-    for it (its own draft count of uniforms, then one noise row), so its tokens are the
-    same alone and beside requests with more drafts, unseeded draws and greedy rows."""
-    seeded = dict(KINDS["seeded T=0.7 top-k 4"], drafts=[3, 1])
-    others = [
-        dict(KINDS["unseeded T=1.3 top-p 0.8"], seed=None, drafts=[1, 3, 2, 4]),
-        dict(KINDS["greedy"], seed=None, drafts=[0, 0, 0]),
-    ]
-    outcomes = set()
-    for seed in range(40):
-        row = dict(seeded, seed=seed)
-        alone = _verify([row], 2, seed=100 + seed)[0]
-        among = _verify([others[0], row, others[1]], 4, seed=200 + seed)[1]
-        assert alone.tolist() == among[:3].tolist() and int(among[3]) == -1, seed
-        outcomes.add(tuple(alone.tolist()))
-    assert len(outcomes) > 3, "the seeded row's outcome never varied: the test would prove nothing"
+N_TOKENS = 24
+LOGITS_AT = torch.randn(N_TOKENS + 8, V, generator=torch.Generator().manual_seed(21)) * 1.5  # per position
+SEEDED = KINDS["seeded T=0.7 top-k 4"]
 
 
-def test_seeded_request_does_not_depend_on_its_row() -> None:
-    """The seeded row first, in the middle and last beside unseeded sampled rows: its
-    uniforms and its noise row come from its own generator wherever it sits (noise rows
-    laid out in batch order would hand it another row's draws in some of these)."""
-    seeded = dict(KINDS["seeded T=0.7 top-k 4"], drafts=[3, 1])
-    unseeded = [dict(KINDS["unseeded T=1.3 top-p 0.8"], seed=None, drafts=[1, 3, 2]),
-                dict(KINDS["unseeded T=1 top-k 5 top-p 0.9"], seed=None, drafts=[2, 0])]
-    outcomes = set()
-    for seed in range(30):
-        row = dict(seeded, seed=seed)
-        alone = _verify([row], 2, seed=100 + seed)[0].tolist()
-        for at in range(3):
-            batch = unseeded[:at] + [row] + unseeded[at:]
-            among = _verify(batch, 3, seed=300 + 7 * seed + at)[at]
-            assert among[:3].tolist() == alone and int(among[3]) == -1, (seed, at)
-        outcomes.add(tuple(alone))
-    assert len(outcomes) > 3, "the seeded row's outcome never varied: the test would prove nothing"
+def _metadata(kinds: list[dict], generators: dict[int, torch.Generator]):
+    return sampling_metadata(len(kinds), [r["temperature"] for r in kinds], top_k=[r["top_k"] for r in kinds],
+                             top_p=[r["top_p"] for r in kinds], generators=generators)
+
+
+def _plain_decode(seed: int, start: int) -> list[int]:
+    """The seeded request decoded without speculation, one token per step by vLLM's
+    sampler, each with the generator of its position."""
+    out = []
+    for t in range(start, start + N_TOKENS):
+        gens = position_generators([0], [seed], [t], torch.device("cpu"))
+        out.append(int(Sampler()(logits=LOGITS_AT[t - start][None].clone(),
+                                 sampling_metadata=_metadata([SEEDED], gens)).sampled_token_ids[0, 0]))
+    return out
+
+
+def _speculative_decode(seed: int, start: int, draft, companions: int, rng: torch.Generator) -> list[int]:
+    """The same request through the rejection sampler, step by step: ``draft(emitted)``
+    gives its proposals, and ``companions`` other rows (unseeded sampled and greedy, with
+    random drafts) share each step's batch, the request's row placed at random."""
+    emitted: list[int] = []
+    while len(emitted) < N_TOKENS:
+        mine = draft(emitted)
+        others = [dict(KINDS["unseeded T=1.3 top-p 0.8"] if i % 2 else KINDS["greedy"],
+                       drafts=torch.randint(0, V, (int(torch.randint(0, 4, (1,), generator=rng)),),
+                                            generator=rng).tolist())
+                  for i in range(companions)]
+        at = int(torch.randint(0, companions + 1, (1,), generator=rng))
+        kinds = others[:at] + [dict(SEEDED, drafts=mine)] + others[at:]
+        logits = torch.cat([
+            LOGITS_AT[len(emitted): len(emitted) + len(mine) + 1] if i == at else torch.randn(len(r["drafts"]) + 1, V)
+            for i, r in enumerate(kinds)
+        ])
+        req_ids = [f"r{i}" for i in range(len(kinds))]
+        positions = [start + len(emitted) if i == at else 7 for i in range(len(kinds))]
+        rows = batch_rows(req_ids, [r["temperature"] for r in kinds], positions)
+        sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_rows=lambda: rows)
+        n_q = sum(len(r["drafts"]) for r in kinds)
+        sampler.plan = VerifyPlan(DraftProbs(Q.expand(n_q, V).clone(), torch.arange(V)))
+        offsets = list(itertools.accumulate([len(r["drafts"]) for r in kinds], initial=0))
+        sampler.plan.q_index = {req: list(range(offsets[i], offsets[i + 1])) for i, req in enumerate(req_ids)}
+        gens = {i: torch.Generator().manual_seed(seed if i == at else 99) for i, r in enumerate(kinds)
+                if r["temperature"] > 0 and (i == at or i % 3 == 0)}
+        out = sampler(spec_metadata([r["drafts"] for r in kinds]), None, logits, _metadata(kinds, gens))
+        emitted += [t for t in out.sampled_token_ids[at].tolist() if t >= 0]
+    return emitted[:N_TOKENS]
+
+
+def test_a_seeded_request_emits_the_same_tokens_whatever_was_drafted() -> None:
+    """Same seed, same tokens: a seeded request's output is the plain decoding of its
+    positions' generators, whether it was never drafted for, drafted for with
+    random proposals of random lengths, with its own next tokens, or beside other rows
+    in varying batches, at any row."""
+    rng = torch.Generator().manual_seed(4)
+    outputs = set()
+    for seed in range(6):
+        reference = _plain_decode(seed, start=11)
+        outputs.add(tuple(reference))
+        policies = {
+            "never": lambda e: [],
+            "random": lambda e: torch.multinomial(Q, int(torch.randint(1, 4, (1,), generator=rng)), replacement=True,
+                                                  generator=rng).tolist(),
+            "its own tokens, one wrong": lambda e, ref=reference: ref[len(e): len(e) + 2] + [(ref[len(e)] + 1) % V],
+        }
+        for name, policy in policies.items():
+            for companions in (0, 3):
+                got = _speculative_decode(seed, 11, policy, companions, rng)
+                assert got == reference, (seed, name, companions)
+    assert len(outputs) == 6, "seeds gave equal outputs: the test would prove nothing"
 
 
 def test_greedy_rows_take_the_argmax_of_the_logits() -> None:
@@ -162,7 +203,8 @@ def test_an_undrafted_step_samples_as_plain_decoding(monkeypatch) -> None:
     """vLLM sends every step of a speculative engine to the rejection sampler, also one
     where the budget drafted nothing (most steps on a target too cheap for the drafter).
     Such a step emits exactly what vLLM's plain sampler emits for the batch (greedy,
-    seeded and unseeded rows, the same random draws), one token per row, and runs no
+    seeded and unseeded rows, the same random draws; seeded rows with the generators of
+    their positions), one token per row, and runs no
     verification at all (its cost was about 1 ms a step on Gemma-3's vocabulary)."""
     from vllm_hetero_spec.verify import sampler as sampler_module
 
@@ -175,17 +217,22 @@ def test_an_undrafted_step_samples_as_plain_decoding(monkeypatch) -> None:
     req_ids = [f"r{i}" for i in range(len(rows))]
     logits = torch.randn(len(rows), V, generator=torch.Generator().manual_seed(3))
 
-    def metadata():
-        gens = {i: torch.Generator().manual_seed(50 + i) for i in range(1, len(rows), 3)}
+    seeded = list(range(1, len(rows), 3))
+    positions = [5 + 2 * i for i in range(len(rows))]
+
+    def metadata(gens):
         return sampling_metadata(len(rows), [r["temperature"] for r in rows], top_k=[r["top_k"] for r in rows],
                                  top_p=[r["top_p"] for r in rows], generators=gens)
 
     torch.manual_seed(8)
-    plain = Sampler()(logits=logits.clone(), sampling_metadata=metadata()).sampled_token_ids
-    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"),
-                                     batch_rows=lambda: batch_rows(req_ids, [r["temperature"] for r in rows]))
+    keyed = position_generators(seeded, [50 + i for i in seeded], [positions[i] for i in seeded], torch.device("cpu"))
+    plain = Sampler()(logits=logits.clone(), sampling_metadata=metadata(keyed)).sampled_token_ids
+    sampler = HeteroRejectionSampler(
+        Sampler(), None, torch.device("cpu"),
+        batch_rows=lambda: batch_rows(req_ids, [r["temperature"] for r in rows], positions))
     torch.manual_seed(8)
-    ours = sampler(spec_metadata([[] for _ in rows]), None, logits.clone(), metadata()).sampled_token_ids
+    own = {i: torch.Generator().manual_seed(50 + i) for i in seeded}
+    ours = sampler(spec_metadata([[] for _ in rows]), None, logits.clone(), metadata(own)).sampled_token_ids
     assert ours.shape == (len(rows), 1) and ours.dtype == torch.int32
     assert ours.tolist() == plain.tolist()
     assert len(set(ours[2::3].flatten().tolist())) > 1, "the sampled rows never varied: the test would prove nothing"
@@ -214,7 +261,7 @@ def test_dummy_batches_from_vllms_profile_run(monkeypatch, fsd) -> None:
 
     monkeypatch.setattr(sampler_module, "verify_tokens", recording_verify)
     calls = []
-    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_rows=lambda: BatchRows([], []),
+    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"), batch_rows=lambda: BatchRows([], [], []),
                                      fsd=fsd)
     original = sampler.forward
 

@@ -79,13 +79,13 @@ def verify_tokens(
     target_probs: torch.Tensor,
     q: BlockQ | None,
     bonus_ids: torch.Tensor,
-    greedy: torch.Tensor,
+    exact: torch.Tensor,
     uniform: torch.Tensor,
     race_noise: torch.Tensor,
     noise_rows: torch.Tensor,
     force_reject: torch.Tensor | None = None,
     fuzzy: FuzzyAcceptance | None = None,
-    target_argmax: torch.Tensor | None = None,
+    target_choice: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Verify a batch of drafts laid out as vLLM lays out the target's rows.
 
@@ -98,19 +98,21 @@ def verify_tokens(
             (an all-greedy batch without ``fuzzy`` may pass logits: nothing reads p).
         q: the draft distributions, or ``None`` when every proposal is one-hot.
         bonus_ids: ``[B]`` token sampled from the target after the last draft.
-        greedy: ``[B]`` bool, rows verified by argmax equality.
-        uniform: ``[B, K]`` U(0,1) draws for the acceptance tests (read in non-greedy
+        exact: ``[B]`` bool, rows verified by equality with ``target_choice`` (greedy
+            rows, and seeded ones: ``verify/seeded.py``).
+        uniform: ``[B, K]`` U(0,1) draws for the acceptance tests (read in the other
             rows only).
         race_noise: ``[N, V]`` Exp(1) draws for sampling the residual at the rejection,
-            for the rows ``noise_rows`` ``[N]`` (every non-greedy row with drafts; the
-            other rows never sample a residual).
+            for the rows ``noise_rows`` ``[N]`` (every row with drafts not in ``exact``;
+            the other rows never sample a residual).
         force_reject: ``[B, K]`` bool, positions rejected whatever p and q say (a union
             draft outside the target vocabulary). A non-greedy row needs its real q
             (``q_in``) at such a position, or its residual would be wrong.
         fuzzy: the fsd test, applied before the standard one; needs ``q``.
-        target_argmax: ``[T]`` the target's greedy token per row, taken from its logits
-            as vLLM does (a float32 softmax can tie logits that differ); ``None`` when no
-            row is greedy.
+        target_choice: ``[T]`` the target's own token per row, read by the ``exact``
+            rows: the argmax of its logits for a greedy row, as vLLM takes it (a float32
+            softmax can tie logits that differ), the position's seeded sample for a
+            seeded row; ``None`` when no row is exact.
 
     Returns:
         ``[B, K + 1]`` emitted tokens: accepted drafts, then the corrected or bonus token,
@@ -132,9 +134,9 @@ def verify_tokens(
         q_x = torch.where(has_q, q_at, torch.ones_like(p_x))
     # Strict: a uniform of exactly 0 must not accept a token the target rules out.
     accept = uniform * q_x < p_x
-    if target_argmax is not None:
-        argmax_at = target_argmax.index_select(0, flat_rows).view(b, k)
-        accept = torch.where(greedy.unsqueeze(1), argmax_at == draft_ids, accept)
+    if target_choice is not None:
+        choice_at = target_choice.index_select(0, flat_rows).view(b, k)
+        accept = torch.where(exact.unsqueeze(1), choice_at == draft_ids, accept)
     if fuzzy is not None:
         tau = fuzzy.threshold.to(target_probs.dtype).unsqueeze(1)
         q_block = _dense_q(q, safe_ids.flatten(), vocab).view(b, k, vocab).to(target_probs.dtype)
@@ -149,8 +151,8 @@ def verify_tokens(
     if k == 0:
         recovered = bonus_ids
     else:
-        # Rows outside noise_rows are greedy, or have no drafts (recovered unused).
-        recovered = _at(argmax_at, pos) if target_argmax is not None else bonus_ids
+        # Rows outside noise_rows are exact, or have no drafts (recovered unused).
+        recovered = _at(choice_at, pos) if target_choice is not None else bonus_ids
         if noise_rows.shape[0] > 0:
             at = pos.index_select(0, noise_rows)
             p_rej = target_probs.index_select(0, _at(flat_index.index_select(0, noise_rows), at))
@@ -164,7 +166,7 @@ def verify_tokens(
             residual.addcmul_(p_rej, empty.to(residual.dtype))
             sampled = residual.div_(race_noise).argmax(dim=1)
             chosen = recovered.index_copy(0, noise_rows, sampled)
-            recovered = torch.where(greedy, recovered, chosen) if target_argmax is not None else chosen
+            recovered = torch.where(exact, recovered, chosen) if target_choice is not None else chosen
     last = torch.where(n_acc < num_draft, recovered, bonus_ids)
 
     cols = torch.arange(k, device=device).unsqueeze(0)
@@ -221,5 +223,5 @@ def verify_block(
     flat_probs = target_probs.reshape(b * k, vocab)
     return verify_tokens(
         draft_ids, num_draft, flat_index, flat_probs, q, bonus_ids, greedy, uniform,
-        race_noise, torch.arange(b, device=device), force_reject, fuzzy, target_argmax=flat_probs.argmax(dim=1),
+        race_noise, torch.arange(b, device=device), force_reject, fuzzy, target_choice=flat_probs.argmax(dim=1),
     )

@@ -37,24 +37,29 @@ import torch
 from vllm.config import SpeculativeConfig
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.sample.rejection_sampler import RejectionSampler, apply_sampling_constraints
+from vllm.v1.sample.rejection_sampler import RejectionSampler
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.verify.plan import VerifyPlan
-from vllm_hetero_spec.verify.rules import verify_tokens
+from vllm_hetero_spec.verify.rules import FuzzyAcceptance, verify_tokens
+from vllm_hetero_spec.verify.seeded import position_generators
+from vllm_hetero_spec.verify.target_constraints import add_logit_bias, constrain, min_p_rows
 
 
 @dataclass(frozen=True)
 class BatchRows:
-    """The rows being verified, as vLLM's runner holds them: ``req_ids[i]`` and whether
+    """The rows being verified, as vLLM's runner holds them: ``req_ids[i]``, whether
     vLLM samples row i greedily (``SamplingType.GREEDY``: its temperature is stored as
-    0, which is what ``sampling_metadata.temperature`` then carries)."""
+    0, which is what ``sampling_metadata.temperature`` then carries), and
+    ``positions[i]``, the index in its sequence (prompt included) of the first token row i
+    emits this step (what a seeded row's draws are keyed by, ``verify/seeded.py``)."""
 
     req_ids: Sequence[str]
     greedy: Sequence[bool]
+    positions: Sequence[int]
 
 
 def _padded_index(num_draft: list[int], k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,32 +73,44 @@ def _padded_index(num_draft: list[int], k: int, device: torch.device) -> tuple[t
 
 
 def _random_draws(
-    sampled: list[int], num_draft: list[int], k: int, vocab: int, generators: dict[int, torch.Generator],
-    device: torch.device,
+    sampled: list[int], b: int, k: int, vocab: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Uniforms ``[B, K]`` (zero outside ``sampled``), race noise ``[N, V]`` and the rows
-    ``[N]`` it belongs to: unseeded rows from the global stream in one draw, then each
-    seeded row from its generator, in vLLM's order (its uniforms, then its noise row)."""
-    b = len(num_draft)
-    unseeded = [r for r in sampled if r not in generators]
-    seeded = [r for r in sampled if r in generators]
+    ``[N]`` it belongs to, for the rows verified stochastically (``sampled``, unseeded:
+    seeded rows are verified by equality), from the global stream in one draw each."""
     uniform = torch.zeros(b, k, dtype=torch.float64, device=device)
-    if unseeded:
-        rows = to_device(unseeded, torch.long, device)
-        uniform.index_copy_(0, rows, torch.rand(len(unseeded), k, dtype=torch.float64, device=device))
-    noise = torch.empty(len(sampled), vocab, dtype=torch.float32, device=device)
-    noise.narrow(0, 0, len(unseeded)).exponential_()
-    for r in seeded:
-        uniform.select(0, r).narrow(0, 0, num_draft[r]).uniform_(generator=generators[r])
-    for j, r in enumerate(seeded):
-        noise.select(0, len(unseeded) + j).exponential_(generator=generators[r])
-    noise_rows = to_device(unseeded + seeded, torch.long, device)
-    return uniform, noise, noise_rows
+    rows = to_device(sampled, torch.long, device)
+    if sampled:
+        uniform.index_copy_(0, rows, torch.rand(len(sampled), k, dtype=torch.float64, device=device))
+    noise = torch.empty(len(sampled), vocab, dtype=torch.float32, device=device).exponential_()
+    return uniform, noise, rows
+
+
+def _seeded_choices(
+    sampler: Sampler, target_logits: torch.Tensor, num_draft: list[int], seeded: dict[int, int],
+    positions: Sequence[int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's own token at every verified position of the seeded rows that
+    drafted: the flat rows ``[S]`` of ``target_logits`` (processed: temperature, min_p,
+    top-k and top-p applied) and, for each, vLLM's seeded sample of that row with the
+    generator of its (seed, position) -- what vLLM's sampler draws for the bonus or an
+    undrafted step at that position."""
+    starts = list(itertools.accumulate(num_draft, initial=0))
+    flat, seeds, at = [], [], []
+    for r, seed in seeded.items():
+        flat += range(starts[r], starts[r] + num_draft[r])
+        seeds += [seed] * num_draft[r]
+        at += range(positions[r], positions[r] + num_draft[r])
+    device = target_logits.device
+    rows = to_device(flat, torch.long, device)
+    gens = position_generators(range(len(flat)), seeds, at, device)
+    chosen, _ = sampler.topk_topp_sampler(target_logits.index_select(0, rows), gens, None, None)
+    return rows, chosen.long()
 
 
 def _dummy_rows(b: int, all_greedy: bool) -> BatchRows:
     """Rows for a batch vLLM sends without requests (profiling, warm-up)."""
-    return BatchRows([f"dummy-{i}" for i in range(b)], [all_greedy] * b)
+    return BatchRows([f"dummy-{i}" for i in range(b)], [all_greedy] * b, [0] * b)
 
 
 def _dummy_plan(
@@ -144,13 +161,20 @@ class HeteroRejectionSampler(RejectionSampler):
         sampling_metadata: SamplingMetadata,
     ) -> SamplerOutput:
         plan, self.plan = self.plan, None
+        rows = self.batch_rows()
+        # vLLM gives a generator, seeded with the request's seed, to each seeded sampled row.
+        seeded = {r: g.initial_seed() for r, g in sampling_metadata.generators.items() if not rows.greedy[r]}
         if metadata.max_spec_len == 0 and sampling_metadata.max_num_logprobs is None:
-            return self._undrafted(logits, sampling_metadata)
+            return self._undrafted(logits, sampling_metadata, rows, seeded)
         plan = plan or VerifyPlan()
+        num_draft = list(metadata.num_draft_tokens)
         bonus_logits = logits.index_select(0, metadata.bonus_logits_indices)
         bonus_out = self.sampler(
             logits=bonus_logits,
-            sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
+            sampling_metadata=replace(
+                sampling_metadata, max_num_logprobs=-1,
+                generators=_keyed(seeded, rows, num_draft, logits.device),
+            ),
             predict_bonus_token=True,
             logprobs_mode_override="processed_logits" if self.is_processed_logprobs_mode else "raw_logits",
         )
@@ -158,29 +182,35 @@ class HeteroRejectionSampler(RejectionSampler):
 
         raw_target_logits = logits.index_select(0, metadata.target_logits_indices).to(torch.float32)
         target_logits = raw_target_logits if self.is_processed_logprobs_mode else raw_target_logits.clone()
+        target_logits = add_logit_bias(target_logits, sampling_metadata.logitsprocs, num_draft)
         target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)
-        target_logits = apply_sampling_constraints(target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
+        # Greedy rows (and seeded ones, below) are verified by equality with the target's token.
+        target_choice = target_logits.argmax(dim=-1)
+        min_p = min_p_rows(sampling_metadata.logitsprocs, metadata.cu_num_draft_tokens, target_logits.shape[0])
+        target_logits = constrain(target_logits, metadata.cu_num_draft_tokens, sampling_metadata, min_p)
 
-        num_draft = list(metadata.num_draft_tokens)
         b, k, vocab = len(num_draft), metadata.max_spec_len, target_logits.shape[-1]
         device = target_logits.device
         flat_index, counts = _padded_index(num_draft, k, device)
         draft_ids = metadata.draft_token_ids.long().index_select(0, flat_index.flatten()).view(b, k)
-        rows = self.batch_rows()
         if not rows.req_ids and b > 0:
             rows, plan = _dummy_rows(b, sampling_metadata.all_greedy), _dummy_plan(b, num_draft, vocab, device, self.fsd)
         if len(rows.req_ids) != b or len(rows.greedy) != b:
             raise RuntimeError(f"hetero spec: verifying {b} rows but the batch holds {len(rows.req_ids)} requests")
         block = plan.layout(rows.req_ids, num_draft, k, device)
-        sampled = [r for r in range(b) if num_draft[r] > 0 and not rows.greedy[r]]
-        any_greedy = any(rows.greedy)
-        greedy = to_device(list(rows.greedy), torch.bool, device)
-        uniform, noise, noise_rows = _random_draws(sampled, num_draft, k, vocab, sampling_metadata.generators, device)
-        # Greedy rows read only the argmax: skip the softmax when no row needs p.
+        drafted_seeded = {r: s for r, s in seeded.items() if num_draft[r] > 0}
+        if drafted_seeded:
+            flat, chosen = _seeded_choices(self.sampler, target_logits, num_draft, drafted_seeded, rows.positions)
+            target_choice = target_choice.index_copy(0, flat, chosen)
+        exact = [g or r in drafted_seeded for r, g in enumerate(rows.greedy)]
+        sampled = [r for r in range(b) if num_draft[r] > 0 and not exact[r]]
+        uniform, noise, noise_rows = _random_draws(sampled, b, k, vocab, device)
+        # Rows verified by equality read only target_choice: skip the softmax when no row needs p.
         target_probs = target_logits if not sampled and block.fuzzy is None else target_logits.softmax(dim=-1)
         out = verify_tokens(
-            draft_ids, counts, flat_index, target_probs, block.q, bonus_ids, greedy, uniform, noise, noise_rows,
-            block.force_reject, block.fuzzy, target_argmax=target_logits.argmax(dim=-1) if any_greedy else None,
+            draft_ids, counts, flat_index, target_probs, block.q, bonus_ids, to_device(exact, torch.bool, device),
+            uniform, noise, noise_rows, block.force_reject, _exact_for_seeded(block.fuzzy, drafted_seeded, device),
+            target_choice=target_choice if any(exact) else None,
         )
         output_token_ids = out.to(torch.int32)
 
@@ -196,13 +226,37 @@ class HeteroRejectionSampler(RejectionSampler):
             )
         return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
 
-    def _undrafted(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
+    def _undrafted(
+        self, logits: torch.Tensor, sampling_metadata: SamplingMetadata, rows: BatchRows, seeded: dict[int, int]
+    ) -> SamplerOutput:
         """A step where no row drafted (the budget chose k = 0, or no row came out with a
         proposal): vLLM 0.32.0 still sends every step of a speculative engine here, with
         one logits row per request (its bonus position). Sampled as plain decoding
-        samples it, by vLLM's sampler alone: verification of nothing would cost a dozen
-        small tensor ops per step (about 1 ms on a 262k vocabulary, 1% of a Gemma-3-270M
-        step on a CPU). ``predict_bonus_token`` as vLLM's rejection sampler sets it
-        (penalties read the rows' drafts: none)."""
-        out = self.sampler(logits=logits, sampling_metadata=sampling_metadata, predict_bonus_token=True)
+        samples it, by vLLM's sampler alone, seeded rows with the generator of their
+        position: verification of nothing would cost a dozen small tensor ops per step
+        (about 1 ms on a 262k vocabulary, 1% of a Gemma-3-270M step on a CPU).
+        ``predict_bonus_token`` as vLLM's rejection sampler sets it (penalties read the
+        rows' drafts: none)."""
+        keyed = _keyed(seeded, rows, [0] * len(rows.req_ids), logits.device)
+        out = self.sampler(logits=logits, sampling_metadata=replace(sampling_metadata, generators=keyed),
+                           predict_bonus_token=True)
         return SamplerOutput(sampled_token_ids=out.sampled_token_ids, logprobs_tensors=None)
+
+
+def _keyed(seeded: dict[int, int], rows: BatchRows, offsets: Sequence[int], device: torch.device
+           ) -> dict[int, torch.Generator]:
+    """vLLM's ``generators`` for a sampler call whose row r emits the token at
+    ``rows.positions[r] + offsets[r]``: each seeded row's generator of that position."""
+    ordered = list(seeded)
+    return position_generators(ordered, [seeded[r] for r in ordered],
+                               [rows.positions[r] + offsets[r] for r in ordered], device)
+
+
+def _exact_for_seeded(fuzzy: FuzzyAcceptance | None, seeded: dict[int, int], device: torch.device
+                      ) -> FuzzyAcceptance | None:
+    """fsd's test with tau = 0 on the seeded rows: fuzzy acceptance takes the drafted
+    token, so it would make a seeded request's tokens depend on what was drafted."""
+    if fuzzy is None or not seeded:
+        return fuzzy
+    keep = to_device([r not in seeded for r in range(fuzzy.threshold.shape[0])], torch.bool, device)
+    return replace(fuzzy, threshold=fuzzy.threshold * keep)
