@@ -114,23 +114,31 @@ class _BonusArgmax(torch.nn.Module):
 @pytest.mark.parametrize("temperatures", [[1.0, 0.0, 0.7], [0.0, 0.0, 0.0]], ids=["mixed", "greedy"])
 def test_sampler_adapter_stays_on_device(temperatures: list[float]) -> None:
     """HeteroRejectionSampler.forward on a fake cuda device, through vLLM's own logits
-    processors and temperature: every tensor it makes lives on the logits' device, and
-    nothing reads a device value back. (vLLM's top-k/top-p fallback without Triton uses
-    Python indexing, which fake tensors cannot run on a "cuda" device; on CUDA vLLM
-    runs its Triton kernel there. That path is vLLM's, not ours.)"""
-    from _sampler_inputs import batch_rows, sampling_metadata, spec_metadata
+    processors, temperature, min_p and logit_bias: every tensor it makes lives on the
+    logits' device, and nothing reads a device value back. (vLLM's top-k/top-p fallback
+    without Triton uses Python indexing, which fake tensors cannot run on a "cuda"
+    device; on CUDA vLLM runs its Triton kernel there. That path is vLLM's, not ours.
+    Seeded rows are not run: a CPU build of torch cannot make the ``cuda`` generators
+    they are drawn with.)"""
+    from _sampler_inputs import batch_rows, logits_processors, sampling_metadata, spec_metadata
+    from vllm import SamplingParams
 
     import vllm_hetero_spec
     from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
 
     vllm_hetero_spec.register()
     vocab, drafts = 64, [[1, 2], [3, 4], [5, 6]]
+    # vLLM's processors keep host copies (numpy): built on the host, their device rows faked below.
+    procs = logits_processors([SamplingParams(min_p=0.1), SamplingParams(logit_bias={3: 2.0, 9: -1.0}),
+                               SamplingParams(min_p=0.05, logit_bias={5: 1.0})])
     with FakeTensorMode(allow_non_fake_inputs=False):
         logits = torch.randn(9, vocab, device=CUDA)
         rows = batch_rows(["a", "b", "c"], temperatures)
         sampler = HeteroRejectionSampler(_BonusArgmax(), None, CUDA, batch_rows=lambda: rows)
         sampler.plan = _fake_plan(CUDA, vocab)
-        meta = sampling_metadata(3, temperatures, device=CUDA)
+        min_p = next(p for p in procs.all if type(p).__name__ == "MinPLogitsProcessor")
+        min_p.min_p = torch.rand(3, 1, device=CUDA)
+        meta = sampling_metadata(3, temperatures, device=CUDA, logitsprocs=procs)
         out = sampler(spec_metadata(drafts, CUDA), None, logits, meta).sampled_token_ids
         assert out.device.type == "cuda" and out.shape == (3, 3)
 
