@@ -6,6 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh smollm2-135m qwen2.5-coder-1.5b
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}"
-export VLLM_ENABLE_V1_MULTIPROCESSING="${VLLM_ENABLE_V1_MULTIPROCESSING:-0}"
 export TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m vllm_hetero_spec "$@"

@@ -4,7 +4,13 @@ no per-request draft state behind. Prints one JSON line with what it observed.""
 from __future__ import annotations
 
 import json
+import os
 import sys
+
+# An extra configuration, in process: this job steps the engine and reads the drafter's own
+# objects between steps (_find_drafter), so the engine core runs in this process, not in
+# vLLM's default process of its own (what every run_job engine and server uses).
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 from vllm import LLM, SamplingParams
 

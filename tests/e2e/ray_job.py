@@ -11,6 +11,12 @@ import sys
 import time
 
 import psutil
+
+# An extra configuration, in process: this job steps the engine and reads the drafter's own
+# objects between steps (_find_drafter), so the engine core runs in this process, not in
+# vLLM's default process of its own (what every run_job engine and server uses).
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
 from vllm import LLM, SamplingParams
 
 from vllm_hetero_spec.harness.evaluation import RESULT_PREFIX, _find_drafter

@@ -7,7 +7,6 @@ several in one benchmark or test session. The child prints one JSON line.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -22,7 +21,6 @@ RESULT_PREFIX = "HETERO_RESULT "
 def default_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
 
@@ -102,32 +100,13 @@ def _find_drafter(llm: Any) -> Any:
         return None
 
 
-#: The model runner's methods every job times (the engine runs in process): the target's
-#: forward and logits (``execute_model``), sampling with verification and drafting
-#: (``sample_tokens``, which calls the proposer), and drafting alone.
+#: The model runner's methods every job times: the target's forward and logits
+#: (``execute_model``), sampling with verification and drafting (``sample_tokens``, which
+#: calls the proposer), and drafting alone.
 RUNNER_TIMED = ("execute_model", "sample_tokens", "propose_draft_token_ids")
 
-
-def _time_runner(names: tuple[str, ...]) -> dict[str, list[float]]:
-    """Time every call of the runner's methods ``names`` in this process, one wall time per
-    call: our drafter and vLLM's own draft models are timed at the same place, and each
-    run shows where its steps' time went (on CPU a method's wall time is its cost; on
-    CUDA it would need a sync first)."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    calls: dict[str, list[float]] = {name: [] for name in names}
-    for name in names:
-        original = getattr(GPUModelRunner, name)
-
-        def timed(self: Any, *args: Any, _original: Any = original, _calls: list = calls[name], **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return _original(self, *args, **kwargs)
-            finally:
-                _calls.append(time.perf_counter() - t0)
-
-        setattr(GPUModelRunner, name, timed)
-    return calls
+#: The worker extension through which a job reads the worker, wherever it runs.
+PROBE = "vllm_hetero_spec.harness.worker_probe.JobProbe"
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
@@ -146,14 +125,15 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     proposer), enforce_eager (vLLM's default, False, when absent: what users run; True
     skips torch.compile and its warm-up, which only makes a test start sooner),
     json_schemas (one per prompt, or None: structured output, a JSON schema the output
-    must follow), time_calls (more runner methods to time, e.g. ``_model_forward``; the
+    must follow), params (one dict per prompt of more ``SamplingParams`` fields, e.g.
+    min_p, logit_bias), solo (prompt indices run again one at a time after the timed
+    batch, their tokens returned as ``solo_token_ids``; their metrics are not counted), time_calls (more runner methods to time, e.g. ``_model_forward``; the
     result then carries every timed method's per-call seconds as ``runner_calls``).
     """
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import StructuredOutputsParams
 
-    runner_calls = _time_runner(RUNNER_TIMED + tuple(job.get("time_calls", ())))
     llm = LLM(
         model=job["target"],
         dtype=job.get("dtype", "float32"),
@@ -167,7 +147,12 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         num_gpu_blocks_override=job.get("num_kv_blocks"),
         skip_tokenizer_init=job.get("skip_tokenizer_init", False),
         async_scheduling=job.get("async_scheduling"),
+        worker_extension_cls=PROBE,
     )
+    # The engine runs with vLLM's default process layout (the worker in the engine
+    # core's process) unless VLLM_ENABLE_V1_MULTIPROCESSING=0 says otherwise; the probe
+    # times the runner and reads the drafter wherever the worker is.
+    llm.collective_rpc("hetero_probe_time", args=(list(RUNNER_TIMED + tuple(job.get("time_calls", ()))),))
     temps = job.get("temperatures") or [job.get("temperature", 0.0)] * len(job["prompts"])
     detokenize = not job.get("skip_tokenizer_init", False)
     seeds = job.get("request_seeds")
@@ -177,8 +162,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     max_tokens = job.get("max_tokens", 64)
     lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
 
+    extra = job.get("params") or [{}] * len(prompts)
+
     def params(i: int) -> SamplingParams:
-        return SamplingParams(
+        fields: dict[str, Any] = dict(
             max_tokens=lengths[i],
             temperature=temps[i],
             top_p=job.get("top_p", 1.0),
@@ -189,6 +176,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             detokenize=detokenize,
             structured_outputs=None if schemas[i] is None else StructuredOutputsParams(json=schemas[i]),
         )
+        fields.update(extra[i])
+        if fields.get("logit_bias"):  # JSON keys are strings
+            fields["logit_bias"] = {int(token): value for token, value in fields["logit_bias"].items()}
+        return SamplingParams(**fields)
 
     bs = job.get("batch_size") or len(prompts)
 
@@ -207,12 +198,16 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     elif warmup:
         llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0, detokenize=detokenize), use_tqdm=False)
     before = {m.name: m for m in llm.get_metrics()}
-    for calls in runner_calls.values():
-        calls.clear()
+    llm.collective_rpc("hetero_probe_reset")
     t0 = time.perf_counter()
     outputs = generate_all()
     elapsed = time.perf_counter() - t0
     after = llm.get_metrics()
+    # Rank 0's worker (each tensor-parallel rank runs a drafter of its own).
+    probe = llm.collective_rpc("hetero_probe_report")[0]
+    runner_calls = probe.pop("runner_calls")
+    # Requests run again one at a time, after the batch (another batch, another history).
+    solo = [llm.generate([prompts[i]], [params(i)], use_tqdm=False)[0] for i in job.get("solo", [])]
 
     def delta(name: str) -> float:
         prev = before.get(name)
@@ -242,6 +237,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         "acceptance_per_position": [per_pos[i] / drafts for i in sorted(per_pos)] if drafts else None,
         "num_preemptions": delta("vllm:num_preemptions"),
+        "solo_token_ids": [list(o.outputs[0].token_ids) for o in solo],
+        # What a request's params asked for beyond its first completion's tokens.
+        "extras": [_extras(o) for o in outputs],
     }
     # Where the timed part went, as vLLM's runner sees it; drafting timed at the same
     # place for any drafter (ours: bridge included).
@@ -256,27 +254,24 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     from vllm_hetero_spec.metrics import metrics_dir, read_boards
 
     result["worker_metrics"] = [values for _, values in read_boards(metrics_dir(), os.getpid())]
-    drafter = _find_drafter(llm)
-    settings = getattr(drafter, "settings", None)
-    if settings is not None:
-        result["draft_dtype"] = settings.draft_dtype
-    stats = getattr(drafter, "stats", None)
-    if stats is not None:
-        result["fallbacks"] = stats.fallbacks
-        result["drafter_stats"] = stats.as_metrics()
-        result["drafter_raw"] = dataclasses.asdict(stats)
-    budget = getattr(drafter, "budget", None)
-    if budget is not None:
-        result["draft_lengths"] = {str(k): n for k, n in sorted(budget.chosen.items())}
-    rules = getattr(drafter, "rules", None)
-    if rules is not None:
-        result["rules_chosen"] = dict(rules.chosen)
-        result["rule_rates"] = rules.rates()
-    if stats is not None and stats.steps:
-        result["bridge_ms_per_step"] = 1e3 * stats.bridge_s / stats.steps
-        result["draft_ms_per_step"] = 1e3 * stats.draft_s / stats.steps
-        result["live_request_states"] = len(drafter.states)
+    result.update(probe)
     return result
+
+
+def _extras(output: Any) -> dict[str, Any]:
+    """Every completion's tokens (``n`` > 1), the sampled tokens' logprobs and the
+    prompt's (when asked for), and the finish reason and stop text of the first."""
+    first = output.outputs[0]
+    extras: dict[str, Any] = {"finish_reason": first.finish_reason, "stop_reason": first.stop_reason}
+    if len(output.outputs) > 1:
+        extras["completions"] = [list(c.token_ids) for c in output.outputs]
+    if first.logprobs is not None:
+        extras["logprobs"] = [step[t].logprob for t, step in zip(first.token_ids, first.logprobs)]
+        extras["top_logprobs"] = [sorted(step) for step in first.logprobs]
+    if output.prompt_logprobs is not None:
+        extras["prompt_logprobs"] = [None if step is None else {str(t): lp.logprob for t, lp in step.items()}
+                                     for step in output.prompt_logprobs]
+    return extras
 
 
 def _pin(core: int) -> None:
