@@ -4,8 +4,10 @@ the target's.
 
 One engine per configuration, each running both claims at once: ten greedy requests
 that stress the vocabulary bridge (code, CJK, emoji, whitespace runs; 24 tokens each)
-and :data:`N` independently seeded requests of one prompt sampled at T = 1 with top-k
-and top-p set (so vLLM's filters reach p through our sampler). Greedy and sampled rows
+and :data:`N` unseeded requests of one prompt sampled at T = 1 with top-k and top-p set
+(so vLLM's filters reach p through our sampler). Each also runs four seeded requests,
+which must come out the same in every engine and alone (a seeded row is verified by
+equality with its position's seeded sample, ``verify/seeded.py``). Greedy and sampled rows
 share the engine's steps, so every rule is also verified in mixed batches. Greedy rows
 must equal the target alone's; the sampled tokens at the positions the drafter proposes
 (1 and 2; position 0 comes from the prefill) are compared with the target alone's by a
@@ -20,8 +22,7 @@ had to fit in 40 minutes). At p > 1e-3 and 8 degrees of freedom, the test detect
 each (0.15 before); it is an end-to-end plumbing check, and smaller biases are the
 sampler-level tests' subject (``tests/verify``: 20k to 2M samples per case).
 
-The target alone and the control run in one engine (per-request temperatures; each
-request has its own seed, so its output does not depend on its batch). Prompts go in as
+The target alone and the control run in one engine (per-request temperatures). Prompts go in as
 token ids, tokenized once here, and engines without structured outputs load no vLLM
 tokenizer: Gemma-3's 262k-token tokenizer cost an engine about 18 s (one core).
 """
@@ -59,10 +60,15 @@ class Rows:
     temperature: float = 1.0
     schema: dict | None = None
     greedy: bool = False
+    seeded: bool = False
 
 
 GREEDY = Rows("greedy", greedy=True)
 SAMPLED, JSON = Rows("sampled", N), Rows("json", N, schema=SCHEMA)
+# Seeded requests: four bridge-stress prompts at T = 1 with the filters, seeds 7 to 10.
+SEEDED = Rows("seeded", 4, seeded=True)
+SEEDS = [7, 8, 9, 10]
+SEEDED_TOKENS = 16
 TARGET_ROWS = (GREEDY, Rows("sampled", N_REF), Rows("control", N, temperature=0.5), Rows("json", N_REF, schema=SCHEMA))
 
 # The Ray cases wait for every step's drafts: on a loaded 2-core machine (two engines at
@@ -78,42 +84,55 @@ MIXED = "auto-mixed"
 # sampled rows drafting with different rules in one step), and dtw's paper-faithful
 # transfer (lossless at T = 0 only: greedy rows alone). The rules that verify with a real
 # q also run structured outputs.
+# Every case also runs the seeded requests (first in auto's batch, last elsewhere), which
+# must come out the same in every engine (other rules, drafts, batches and histories),
+# and again one at a time after the batch in two of them.
 CASES: dict[str, tuple[dict, tuple[Rows, ...]]] = {
-    MIXED: ({"algorithm": "auto"}, (GREEDY, SAMPLED)),
-    "slem": ({"algorithm": "slem"}, (GREEDY, SAMPLED)),
-    "tli": ({"algorithm": "tli"}, (GREEDY, SAMPLED, JSON)),
-    "dtw": ({"algorithm": "dtw", "dtw_verify": "lossless"}, (GREEDY, SAMPLED)),
-    "slrs": ({"algorithm": "slrs"}, (GREEDY, SAMPLED)),
-    "union": ({"algorithm": "union"}, (GREEDY, SAMPLED, JSON)),
-    "fsd": ({"algorithm": "fsd", "fsd_threshold": 0.0}, (GREEDY, SAMPLED)),
-    "union-ray": ({"algorithm": "union", "executor": "ray", **RAY_PATIENCE}, (GREEDY, SAMPLED)),
-    "dtw-faithful": ({"algorithm": "dtw", "dtw_verify": "faithful"}, (GREEDY,)),
+    MIXED: ({"algorithm": "auto"}, (SEEDED, GREEDY, SAMPLED)),
+    "slem": ({"algorithm": "slem"}, (GREEDY, SAMPLED, SEEDED)),
+    "tli": ({"algorithm": "tli"}, (GREEDY, SAMPLED, JSON, SEEDED)),
+    "dtw": ({"algorithm": "dtw", "dtw_verify": "lossless"}, (GREEDY, SAMPLED, SEEDED)),
+    "slrs": ({"algorithm": "slrs"}, (GREEDY, SAMPLED, SEEDED)),
+    "union": ({"algorithm": "union"}, (GREEDY, SAMPLED, JSON, SEEDED)),
+    "fsd": ({"algorithm": "fsd", "fsd_threshold": 0.0}, (GREEDY, SAMPLED, SEEDED)),
+    "union-ray": ({"algorithm": "union", "executor": "ray", **RAY_PATIENCE}, (GREEDY, SAMPLED, SEEDED)),
+    "dtw-faithful": ({"algorithm": "dtw", "dtw_verify": "faithful"}, (GREEDY, SEEDED)),
 }
+SOLO_CASES = (MIXED, "tli")
 SAMPLED_CASES = [c for c, (_, rows) in CASES.items() if SAMPLED in rows]
 JSON_CASES = [c for c, (_, rows) in CASES.items() if JSON in rows]
 
 
 def _prompts(group: Rows, prompts: dict) -> list[list[int]]:
     """The token-id prompts of ``group``'s requests."""
+    if group.seeded:
+        return prompts["greedy"][: group.count]
     return prompts["greedy"] if group.greedy else [prompts["sampled"]] * group.count
 
 
-def _job(target: str, prompts: dict[str, list[int] | list[list[int]]], rows: tuple[Rows, ...], seed0: int,
-         spec: dict | None) -> dict:
-    """One engine's requests: ``rows`` in order (greedy first, so that greedy rows share
-    their steps with sampled ones), seeds from ``seed0``."""
-    ids, temps, schemas, lengths = [], [], [], []
+def _job(target: str, prompts: dict[str, list[int] | list[list[int]]], rows: tuple[Rows, ...],
+         spec: dict | None, solo: bool = False) -> dict:
+    """One engine's requests: ``rows`` in order (greedy before sampled, so that greedy
+    rows share their steps with sampled ones); only the seeded group has seeds (the
+    others draw from the engine's stream: a seeded row is verified by equality with its
+    seeded sample, and the distribution tests are there to test the rules' acceptance);
+    with ``solo`` the seeded requests also run one at a time after the batch."""
+    ids, temps, schemas, lengths, seeds = [], [], [], [], []
     for group in rows:
         batch = _prompts(group, prompts)
+        if group.seeded and solo:
+            solo_rows = list(range(len(ids), len(ids) + len(batch)))
         ids += batch
         temps += [0.0 if group.greedy else group.temperature] * len(batch)
         schemas += [group.schema] * len(batch)
-        lengths += [GREEDY_TOKENS if group.greedy else 3] * len(batch)
+        lengths += [GREEDY_TOKENS if group.greedy else SEEDED_TOKENS if group.seeded else 3] * len(batch)
+        seeds += SEEDS[: len(batch)] if group.seeded else [None] * len(batch)
     structured = any(group.schema for group in rows)
     return {
         "target": target,
         "prompts": ids,
-        "request_seeds": list(range(seed0, seed0 + len(ids))),
+        "request_seeds": seeds,
+        "solo": solo_rows if solo else [],
         "max_tokens": lengths,
         "temperatures": temps,
         "json_schemas": schemas,
@@ -150,11 +169,12 @@ def runs(selected_params, gemma: str, smollm2: str) -> dict[str, dict[str, dict 
     cases = list(dict.fromkeys(selected_params("case") + selected_params("json_case")))
     tok = AutoTokenizer.from_pretrained(gemma)
     prompts = {"sampled": tok(PROMPT).input_ids, "greedy": [tok(p).input_ids for p in BRIDGE_STRESS]}
-    jobs = {"target": (_job(gemma, prompts, TARGET_ROWS, 0, None), TARGET_ROWS)}
+    jobs = {"target": (_job(gemma, prompts, TARGET_ROWS, None), TARGET_ROWS)}
     for case in cases:
         spec, rows = CASES[case]
-        jobs[case] = (_job(gemma, prompts, rows, 10_000, {
-            "method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "draft_budget": "fixed", **spec}), rows)
+        jobs[case] = (_job(gemma, prompts, rows, {
+            "method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "draft_budget": "fixed", **spec},
+            solo=case in SOLO_CASES), rows)
     order = sorted(jobs, key=lambda name: -len(jobs[name][0]["prompts"]))
     results = run_isolated_many([jobs[name][0] for name in order])
     return {name: _split(result, jobs[name][1], prompts) for name, result in zip(order, results)}
@@ -215,3 +235,24 @@ def test_structured_output_distribution_matches_target(runs: dict, json_case: st
 
 def test_control_detects_a_different_distribution(runs: dict) -> None:
     assert min(_same_distribution(runs, ("target", "sampled"), ("target", "control"))) < 1e-3
+
+
+def test_seeded_requests_repeat_in_every_engine(runs: dict) -> None:
+    """Same seed, same tokens: the seeded requests come out token for token the same
+    under every rule, in batches of other compositions and orders, after other
+    histories, and alone after the batch; and their seeds give different outputs (the
+    test could fail)."""
+    outputs = {}
+    for case in CASES:
+        if case not in runs:
+            continue
+        result = unwrap(runs[case]["seeded"])
+        outputs[case] = result["token_ids"]
+        assert all(len(t) == SEEDED_TOKENS for t in outputs[case]), case
+        if case in SOLO_CASES:
+            outputs[f"{case} (alone)"] = result["solo_token_ids"]
+    assert len(outputs) >= 2, "fewer than two engines ran the seeded requests: nothing to compare"
+    reference = outputs[next(iter(outputs))]
+    for name, tokens in outputs.items():
+        assert tokens == reference, f"{name}: the seeded requests' tokens differ from {next(iter(outputs))}'s"
+    assert len({tuple(t) for t in reference}) == len(SEEDS), "the seeded requests gave equal outputs"

@@ -93,6 +93,31 @@ def test_aborted_streams_leave_no_draft_state(servers) -> None:
     assert complete(hetero, "def add(a, b):", 8)
 
 
+def _text(server: ServerProcess, prompt: str, **kwargs) -> str:
+    kwargs = {"max_tokens": 24, "temperature": 0.0, **kwargs}
+    return server.openai_client().completions.create(model=server.model, prompt=prompt, **kwargs).choices[0].text
+
+
+def test_min_p_logit_bias_and_seeds_over_http(servers) -> None:
+    """vLLM refuses min_p and logit_bias under speculation ("not yet supported", 400);
+    with method hetero both are served, exactly: a logit_bias at T = 0 gives the plain
+    server's biased text (and changes it), min_p = 1 at T = 1 leaves only the argmax and
+    gives the greedy text. A seeded request at T = 1 gives the same text alone and among
+    concurrent requests, and another seed another text."""
+    plain, hetero = servers
+    prompt = BRIDGE_STRESS[0]
+    bias = {"279": 8, "198": -100}  # Qwen's " the" up, newline banned
+    biased = _text(hetero, prompt, logit_bias=bias)
+    assert biased == _text(plain, prompt, logit_bias=bias) != _text(plain, prompt)
+    assert _text(hetero, prompt, temperature=1.0, extra_body={"min_p": 1.0}) == _text(plain, prompt)
+    sampled = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 32}
+    alone = _text(hetero, prompt, seed=5, **sampled)
+    jobs = [(p, {}) for p in BRIDGE_STRESS[1:4]] + [(prompt, {"seed": 5})] + [(p, {}) for p in BRIDGE_STRESS[4:7]]
+    among = parallel(lambda p, extra: _text(hetero, p, **sampled, **extra), jobs)
+    assert among[3] == alone
+    assert _text(hetero, prompt, seed=6, **sampled) != alone
+
+
 BAD_REQUESTS = {
     "fsd_threshold negative": {"prompt": "hi", "max_tokens": 4, "vllm_xargs": {"fsd_threshold": -1}},
     "fsd_threshold not a number": {"prompt": "hi", "max_tokens": 4, "vllm_xargs": {"fsd_threshold": "abc"}},
