@@ -1,9 +1,11 @@
 """The rejection sampler registered in vLLM's spec-decode path.
 
 It keeps vLLM's own handling of everything around verification (bonus sampling, logits
-processors, penalties, temperature/top-k/top-p, logprobs) and swaps the acceptance step
-for :func:`verify_tokens`, a pure-PyTorch rule that is identical on every platform. This
-also sidesteps the CPU build's broken ``expand`` kernel path for the acceptance itself.
+processors, penalties, temperature/top-k/top-p, logprobs), adds what vLLM's rejection
+sampler lacks (min_p and logit_bias at the drafted rows: ``target_constraints.py``), and
+swaps the acceptance step for :func:`verify_tokens`, a pure-PyTorch rule that is
+identical on every platform. This also sidesteps the CPU build's broken ``expand`` kernel
+path for the acceptance itself.
 
 Its inputs from drafting arrive as one :class:`VerifyPlan` per step, handed over by the
 runner's propose hook (``vllm_patches.py``): q in compact form, forced rejections, fsd
@@ -13,10 +15,10 @@ own classification of the batch (:class:`BatchRows`): the device flags the rule 
 the host list of rows that get random draws are both built from it, so a row can never be
 verified stochastically without its uniforms. Greedy rows compare the draft with the
 argmax of the target's logits, as vLLM does (a float32 softmax can tie near-equal logits).
-Everything is created on the logits' device, random draws are made only for rows
-verified stochastically, and a seeded request draws from its own generator exactly what
-vLLM's sampler draws for it (uniforms for its own draft count, then one noise row), so
-its output does not depend on the rest of the batch.
+Everything is created on the logits' device, and random draws from the global stream
+are made only for rows verified stochastically. A seeded request is verified by
+equality with its positions' seeded samples (``seeded.py``), so its tokens depend on
+nothing but its seed, prompt and parameters.
 
 vLLM also calls the sampler with no request in the batch: the memory profile and warm-up
 (``_dummy_sampler_run``) send one dummy draft per row. Those rows are verified like real
@@ -185,7 +187,7 @@ class HeteroRejectionSampler(RejectionSampler):
         target_logits = add_logit_bias(target_logits, sampling_metadata.logitsprocs, num_draft)
         target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)
         # Greedy rows (and seeded ones, below) are verified by equality with the target's token.
-        target_choice = target_logits.argmax(dim=-1)
+        target_choice = None if sampling_metadata.all_random else target_logits.argmax(dim=-1)
         min_p = min_p_rows(sampling_metadata.logitsprocs, metadata.cu_num_draft_tokens, target_logits.shape[0])
         target_logits = constrain(target_logits, metadata.cu_num_draft_tokens, sampling_metadata, min_p)
 
@@ -201,6 +203,8 @@ class HeteroRejectionSampler(RejectionSampler):
         drafted_seeded = {r: s for r, s in seeded.items() if num_draft[r] > 0}
         if drafted_seeded:
             flat, chosen = _seeded_choices(self.sampler, target_logits, num_draft, drafted_seeded, rows.positions)
+            if target_choice is None:  # no greedy row: the other rows never read it
+                target_choice = torch.zeros(target_logits.shape[0], dtype=torch.long, device=device)
             target_choice = target_choice.index_copy(0, flat, chosen)
         exact = [g or r in drafted_seeded for r, g in enumerate(rows.greedy)]
         sampled = [r for r in range(b) if num_draft[r] > 0 and not exact[r]]
