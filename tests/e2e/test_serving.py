@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from transformers import AutoTokenizer
 from _serving import COMMON, MAX_MODEL_LEN, chat, complete, launch, parallel
 
 from vllm_hetero_spec.harness.evaluation import default_env
@@ -98,7 +99,7 @@ def _text(server: ServerProcess, prompt: str, **kwargs) -> str:
     return server.openai_client().completions.create(model=server.model, prompt=prompt, **kwargs).choices[0].text
 
 
-def test_min_p_logit_bias_and_seeds_over_http(servers) -> None:
+def test_min_p_logit_bias_and_seeds_over_http(servers, qwen05: str) -> None:
     """vLLM refuses min_p and logit_bias under speculation ("not yet supported", 400);
     with method hetero both are served, exactly: a logit_bias at T = 0 gives the plain
     server's biased text (and changes it), min_p = 1 at T = 1 leaves only the argmax and
@@ -106,9 +107,11 @@ def test_min_p_logit_bias_and_seeds_over_http(servers) -> None:
     concurrent requests, and another seed another text."""
     plain, hetero = servers
     prompt = BRIDGE_STRESS[0]
-    bias = {"279": 8, "198": -100}  # Qwen's " the" up, newline banned
+    unbiased = _text(plain, prompt)
+    first = AutoTokenizer.from_pretrained(qwen05)(unbiased).input_ids[0]
+    bias = {str(first): -100, "279": 5}  # the plain text's first token banned, " the" up
     biased = _text(hetero, prompt, logit_bias=bias)
-    assert biased == _text(plain, prompt, logit_bias=bias) != _text(plain, prompt)
+    assert biased == _text(plain, prompt, logit_bias=bias) != unbiased
     assert _text(hetero, prompt, temperature=1.0, extra_body={"min_p": 1.0}) == _text(plain, prompt)
     sampled = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 32}
     alone = _text(hetero, prompt, seed=5, **sampled)
