@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_hetero_spec.harness.server_process import stop_group
 from vllm_hetero_spec.metrics import read_boards
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,20 +115,7 @@ class Served:
 
     def stop(self) -> None:
         """SIGINT (Ctrl-C, as a user stops it), then SIGTERM, then SIGKILL, to the group."""
-        for sig, grace in ((signal.SIGINT, 30), (signal.SIGTERM, 15), (signal.SIGKILL, 15)):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-            except ProcessLookupError:
-                break
-        # Whatever the group still holds (the engine core does not watch its parent).
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_group(self.proc, ((signal.SIGINT, 30), (signal.SIGTERM, 15)))
         self._log.close()
 
 

@@ -100,18 +100,7 @@ class ServerProcess:
     def stop(self, grace: float = 30) -> None:
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-        except ProcessLookupError:
-            pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        stop_group(self.proc, ((signal.SIGTERM, grace),))
         self._log.close()
         self.proc = None
 
@@ -193,3 +182,23 @@ def stream_and_abandon(api: Any, chunks: int, **kwargs: Any) -> int:
             break
     stream.close()
     return seen
+
+
+def stop_group(proc: subprocess.Popen, signals: tuple[tuple[int, float], ...]) -> None:
+    """Send ``proc``'s process group each signal in turn until ``proc`` exits within that
+    signal's grace (seconds), then SIGKILL whatever the group still holds: vLLM's engine
+    core does not watch its parent."""
+    for sig, grace in signals:
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            break
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
