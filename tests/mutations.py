@@ -174,8 +174,8 @@ MUTATIONS = [
     Mutation(
         "softmax-argmax", "greedy rows compare with the argmax of the float32 softmax, not of the logits",
         "vllm_hetero_spec/verify/sampler.py",
-        "target_choice = target_logits.argmax(dim=-1)",
-        "target_choice = target_logits.softmax(dim=-1).argmax(dim=-1)",
+        "else target_logits.argmax(dim=-1)",
+        "else target_logits.softmax(dim=-1).argmax(dim=-1)",
         ("tests/verify/test_sampler_adapter.py", "-k", "argmax"),
     ),
     Mutation(
