@@ -293,7 +293,7 @@ class HeteroProposer:
             try:
                 tau = request_fsd_threshold(p.extra_args, tau)
             except ValueError as err:
-                # The front end rejects bad values (validation.py); a request that
+                # The front end rejects bad values (request_validation.py); a request that
                 # bypassed it must not take the engine down: keep the configured tau.
                 logger.warning("request %s: %s; using fsd_threshold=%s", req_id, err, tau)
         return RequestParams(float(p.temperature), int(p.top_k or 0), float(p.top_p), p.seed, tau)
