@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from vllm_hetero_spec.vocab.alignment import dtw_align_batch
-from vllm_hetero_spec.harness.models import ensure_model
-from vllm_hetero_spec.harness.prompts import spec_bench_questions
+from hetero_harness.models import ensure_model
+from hetero_harness.prompts import spec_bench_questions
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.retokenize import AlignedTokens, propose_continuation, propose_continuations, sync_batch
 

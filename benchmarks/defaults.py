@@ -29,9 +29,9 @@ from pathlib import Path
 
 from report import fmt, median
 
-from vllm_hetero_spec.harness.evaluation import run_isolated
-from vllm_hetero_spec.harness.models import ensure_model
-from vllm_hetero_spec.harness.prompts import MAX_CHARS, chat_prompts, held_out_questions
+from hetero_harness.evaluation import run_isolated
+from hetero_harness.models import ensure_model
+from hetero_harness.prompts import MAX_CHARS, chat_prompts, held_out_questions
 
 OUT = Path(__file__).parent / "results"
 NAME = "defaults"

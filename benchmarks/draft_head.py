@@ -24,7 +24,7 @@ from report import median
 from transformers import AutoTokenizer
 
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
-from vllm_hetero_spec.harness.models import ensure_model
+from hetero_harness.models import ensure_model
 from vllm_hetero_spec.vocab.intersection import VocabIntersection
 from vllm_hetero_spec.vocab.token_bytes import token_bytes_table
 

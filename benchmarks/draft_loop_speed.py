@@ -38,8 +38,8 @@ def child(args: argparse.Namespace) -> None:
     from vllm_hetero_spec.config import HeteroSettings
     from vllm_hetero_spec.drafter.engine import DraftEngine
     from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
-    from vllm_hetero_spec.harness.models import ensure_model
-    from vllm_hetero_spec.harness.prompts import spec_bench_questions
+    from hetero_harness.models import ensure_model
+    from hetero_harness.prompts import spec_bench_questions
 
     draft, target = str(ensure_model("smollm2-135m")), str(ensure_model("qwen2.5-coder-0.5b"))
     tok = AutoTokenizer.from_pretrained(target)

@@ -31,7 +31,7 @@ import torch
 from report import median
 
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
-from vllm_hetero_spec.harness.models import ensure_model
+from hetero_harness.models import ensure_model
 
 OUT = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent

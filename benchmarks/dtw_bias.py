@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import chi2_contingency
 
-from vllm_hetero_spec.harness.evaluation import run_isolated
-from vllm_hetero_spec.harness.models import ensure_model
+from hetero_harness.evaluation import run_isolated
+from hetero_harness.models import ensure_model
 
 OUT = Path(__file__).parent / "results"
 PROMPTS = ["My favourite thing about the weekend is", "def fibonacci(n):\n    "]

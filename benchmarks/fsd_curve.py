@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_hetero_spec.harness.evaluation import run_isolated
-from vllm_hetero_spec.harness.models import ensure_model
-from vllm_hetero_spec.harness.prompts import chat_prompts, spec_bench_questions
+from hetero_harness.evaluation import run_isolated
+from hetero_harness.models import ensure_model
+from hetero_harness.prompts import chat_prompts, spec_bench_questions
 from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES
 
 OUT = Path(__file__).parent / "results"

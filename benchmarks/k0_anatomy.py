@@ -28,8 +28,8 @@ from pathlib import Path
 from defaults import seeds_work
 from step_anatomy import run
 
-from vllm_hetero_spec.harness.models import ensure_model
-from vllm_hetero_spec.harness.prompts import MAX_CHARS, chat_prompts, held_out_questions
+from hetero_harness.models import ensure_model
+from hetero_harness.prompts import MAX_CHARS, chat_prompts, held_out_questions
 
 OUT = Path(__file__).parent / "results"
 PARTS = ("_model_forward", "_sample", "propose_draft_token_ids")

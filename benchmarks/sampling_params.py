@@ -22,9 +22,9 @@ from pathlib import Path
 
 from report import fmt, median
 
-from vllm_hetero_spec.harness.evaluation import run_isolated
-from vllm_hetero_spec.harness.models import ensure_model
-from vllm_hetero_spec.harness.prompts import chat_prompts, spec_bench_questions
+from hetero_harness.evaluation import run_isolated
+from hetero_harness.models import ensure_model
+from hetero_harness.prompts import chat_prompts, spec_bench_questions
 
 OUT = Path(__file__).parent / "results"
 FILTERS = {"top_k": 40, "top_p": 0.95}

@@ -32,10 +32,10 @@ from pathlib import Path
 
 from report import fmt, median
 
-from vllm_hetero_spec.harness.evaluation import default_env
-from vllm_hetero_spec.harness.models import ensure_model
-from vllm_hetero_spec.harness.prompts import held_out_questions
-from vllm_hetero_spec.harness.server_process import ServerProcess, vllm_command
+from hetero_harness.evaluation import default_env
+from hetero_harness.models import ensure_model
+from hetero_harness.prompts import held_out_questions
+from hetero_harness.server_process import ServerProcess, vllm_command
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "results"

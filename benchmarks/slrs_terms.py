@@ -32,8 +32,8 @@ import torch
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
 from vllm_hetero_spec.drafter.sampling import SamplingRows
 from vllm_hetero_spec.drafter.slrs import StringLevelProposer
-from vllm_hetero_spec.harness.models import ensure_model
-from vllm_hetero_spec.harness.prompts import chat_prompts, spec_bench_questions
+from hetero_harness.models import ensure_model
+from hetero_harness.prompts import chat_prompts, spec_bench_questions
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
 

@@ -41,9 +41,9 @@ from pathlib import Path
 import openai
 import psutil
 
-from vllm_hetero_spec.harness.models import ensure_model
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS, spec_bench_questions
-from vllm_hetero_spec.harness.server_process import ServerProcess, stream_and_abandon
+from hetero_harness.models import ensure_model
+from hetero_harness.prompts import BRIDGE_STRESS, spec_bench_questions
+from hetero_harness.server_process import ServerProcess, stream_and_abandon
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "results"

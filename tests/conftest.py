@@ -27,7 +27,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _model(name: str) -> str:
-    from vllm_hetero_spec.harness.models import ensure_model
+    from hetero_harness.models import ensure_model
 
     return str(ensure_model(name))
 

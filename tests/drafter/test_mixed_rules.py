@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from vllm_hetero_spec.config import HeteroConfigError, HeteroSettings, parse_settings
 from vllm_hetero_spec.drafter.engine import DraftEngine
 from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch, StepDrafts
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from hetero_harness.prompts import BRIDGE_STRESS
 
 TARGET_VOCAB = 151936
 

@@ -21,7 +21,7 @@ from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.engine import DraftEngine
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch
 from vllm_hetero_spec.drafter.pipeline import PipelinedDrafter, branch_count
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from hetero_harness.prompts import BRIDGE_STRESS
 
 TARGET_VOCAB = 151936
 

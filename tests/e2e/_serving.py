@@ -6,7 +6,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from pathlib import Path
 
-from vllm_hetero_spec.harness.server_process import ServerProcess
+from hetero_harness.server_process import ServerProcess
 
 MAX_MODEL_LEN = 512
 # vLLM's default flags (torch.compile, its profile run and warm-up), as the README's

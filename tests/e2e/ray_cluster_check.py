@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hetero_spec.harness.evaluation import run_isolated_many
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
-from vllm_hetero_spec.harness.server_process import free_port
+from hetero_harness.evaluation import run_isolated_many
+from hetero_harness.prompts import BRIDGE_STRESS
+from hetero_harness.server_process import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 

@@ -19,8 +19,8 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 from vllm import LLM, SamplingParams
 
-from vllm_hetero_spec.harness.evaluation import RESULT_PREFIX, _find_drafter
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from hetero_harness.evaluation import RESULT_PREFIX, _find_drafter
+from hetero_harness.prompts import BRIDGE_STRESS
 
 MAX_TOKENS = 24
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from vllm_hetero_spec.harness.evaluation import run_isolated_many, unwrap
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from hetero_harness.evaluation import run_isolated_many, unwrap
+from hetero_harness.prompts import BRIDGE_STRESS
 
 
 MAX_TOKENS = 24

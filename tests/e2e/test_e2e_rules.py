@@ -37,8 +37,8 @@ import pytest
 from scipy.stats import chi2_contingency
 from transformers import AutoTokenizer
 
-from vllm_hetero_spec.harness.evaluation import run_isolated_many, unwrap
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from hetero_harness.evaluation import run_isolated_many, unwrap
+from hetero_harness.prompts import BRIDGE_STRESS
 
 N = 120
 N_REF = 3 * N

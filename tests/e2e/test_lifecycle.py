@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vllm_hetero_spec.harness.evaluation import RESULT_PREFIX, default_env, run_isolated_many, unwrap
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from hetero_harness.evaluation import RESULT_PREFIX, default_env, run_isolated_many, unwrap
+from hetero_harness.prompts import BRIDGE_STRESS
 
 
 def test_aborted_and_finished_requests_leave_no_state(gemma: str, smollm2: str) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hetero_spec.harness.evaluation import RESULT_PREFIX, default_env, run_isolated
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from hetero_harness.evaluation import RESULT_PREFIX, default_env, run_isolated
+from hetero_harness.prompts import BRIDGE_STRESS
 
 
 JOB = Path(__file__).with_name("ray_job.py")

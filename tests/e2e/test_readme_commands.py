@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hetero_spec.harness.server_process import stop_group
+from hetero_harness.server_process import stop_group
 from vllm_hetero_spec.metrics import read_boards
 
 ROOT = Path(__file__).resolve().parents[2]

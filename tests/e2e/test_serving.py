@@ -19,9 +19,9 @@ import pytest
 from transformers import AutoTokenizer
 from _serving import COMMON, MAX_MODEL_LEN, chat, complete, launch, parallel
 
-from vllm_hetero_spec.harness.evaluation import default_env
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
-from vllm_hetero_spec.harness.server_process import ServerProcess, stream_and_abandon, vllm_command
+from hetero_harness.evaluation import default_env
+from hetero_harness.prompts import BRIDGE_STRESS
+from hetero_harness.server_process import ServerProcess, stream_and_abandon, vllm_command
 
 
 REPO = Path(__file__).resolve().parents[2]

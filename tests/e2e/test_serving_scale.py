@@ -28,7 +28,7 @@ from pathlib import Path
 
 from _serving import complete, launch, parallel
 
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from hetero_harness.prompts import BRIDGE_STRESS
 
 POOL_MB = 16
 JOBS = [(BRIDGE_STRESS[i % len(BRIDGE_STRESS)], 16 + (i * 5) % 17) for i in range(32)]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_hetero_spec.harness.evaluation import run_isolated
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from hetero_harness.evaluation import run_isolated
+from hetero_harness.prompts import BRIDGE_STRESS
 
 
 # The CPU build binds each worker's threads to its own cores; this machine has one NUMA node.

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 
-from vllm_hetero_spec.harness import evaluation
+from hetero_harness import evaluation
 
 
 def test_parallel_children_get_distinct_cores(monkeypatch) -> None:
@@ -40,7 +40,7 @@ def test_pin_holds_for_threads_started_later() -> None:
     core = max(os.sched_getaffinity(0))
     code = (
         "import os, threading\n"
-        "from vllm_hetero_spec.harness.evaluation import _pin\n"
+        "from hetero_harness.evaluation import _pin\n"
         f"_pin({core})\n"
         "seen = []\n"
         "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n"

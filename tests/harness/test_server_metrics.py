@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hetero_spec.harness.server_process import ServerProcess
+from hetero_harness.server_process import ServerProcess
 
 PAGE = """# HELP vllm:spec_decode_num_draft_tokens_total Draft tokens.
 # TYPE vllm:spec_decode_num_draft_tokens_total counter

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hetero_spec.harness.server_process import ServerProcess
+from hetero_harness.server_process import ServerProcess
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "serving_benchmark.py"
 

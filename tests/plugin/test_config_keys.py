@@ -45,12 +45,27 @@ def test_defaults_fill_in(tmp_path: Path) -> None:
     assert dataclasses.asdict(settings) == settings.to_dict()
 
 
-def test_short_model_name_is_not_fetched_while_parsing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Validation has no side effects: the short name stays a name (start-up builds it)."""
+def test_a_short_model_name_resolves_to_what_set_up_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin installs nothing: a short name is the folder set-up built for it, and a
+    name set-up has not built is a config error naming the command that builds it."""
+    from vllm_hetero_spec.model_store import READY_MARKER
+
     monkeypatch.setenv("VLLM_HETERO_SPEC_CACHE", str(tmp_path / "cache"))
-    settings, _ = parse_settings({"method": "hetero", "model": "qwen2.5-coder-1.5b", "num_speculative_tokens": 2})
-    assert settings.draft_model == "qwen2.5-coder-1.5b"
+    spec = {"method": "hetero", "model": "qwen2.5-coder-1.5b", "num_speculative_tokens": 2}
+    config._parse.cache_clear()
+    with pytest.raises(config.HeteroConfigError, match=r"bash scripts/setup.sh qwen2.5-coder-1.5b"):
+        parse_settings(spec)
     assert not (tmp_path / "cache").exists()
+    folder = tmp_path / "cache" / "models" / "qwen2.5-coder-1.5b"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    config._parse.cache_clear()
+    with pytest.raises(config.HeteroConfigError):  # half built: no marker yet
+        parse_settings(spec)
+    (folder / READY_MARKER).write_text("sha\n")
+    config._parse.cache_clear()
+    settings, _ = parse_settings(spec)
+    assert settings.draft_model == settings.draft_tokenizer == str(folder)
 
 
 def test_parsed_once_per_spec(tmp_path: Path) -> None:

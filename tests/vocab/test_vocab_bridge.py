@@ -7,7 +7,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from vllm_hetero_spec.harness.prompts import BRIDGE_STRESS
+from hetero_harness.prompts import BRIDGE_STRESS
 from vllm_hetero_spec.vocab.bridge import VocabBridge, text_encoder
 from vllm_hetero_spec.vocab.retokenize import (
     AlignedTokens,

@@ -1,6 +1,6 @@
 """The main job: a real heterogeneous speculative-decoding batch run, with no arguments.
 
-``python -m vllm_hetero_spec`` runs Spec-Bench prompts through vLLM's offline
+``python -m hetero_harness`` runs Spec-Bench prompts through vLLM's offline
 ``LLM.generate`` twice on the same machine -- the target alone, then the target with a
 draft model of another vocabulary -- and prints tokens/s, speedup, acceptance rate,
 mean acceptance length, and whether the outputs are identical (T = 0).
@@ -12,9 +12,9 @@ import argparse
 import json
 
 from vllm_hetero_spec.config import ALGORITHMS
-from vllm_hetero_spec.harness.evaluation import run_isolated
-from vllm_hetero_spec.harness.models import MODELS, ensure_model
-from vllm_hetero_spec.harness.prompts import chat_prompts, spec_bench_questions
+from hetero_harness.evaluation import run_isolated
+from hetero_harness.models import MODELS, ensure_model
+from hetero_harness.prompts import chat_prompts, spec_bench_questions
 
 
 def _path(name: str) -> str:

@@ -1,4 +1,4 @@
-"""What :func:`~vllm_hetero_spec.harness.evaluation.run_job` reads from vLLM's worker:
+"""What :func:`~hetero_harness.evaluation.run_job` reads from vLLM's worker:
 the runner's per-call times and the drafter's own statistics.
 
 With vLLM's default process layout (what users run) the engine core, and with it the

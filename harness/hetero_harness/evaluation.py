@@ -30,7 +30,7 @@ def run_isolated(job: dict[str, Any], timeout: float = 1800, env: dict[str, str]
     """Run :func:`run_job` on ``job`` in a child process (``env`` added to its
     environment) and return its result. With ``core``, the whole child runs on that one
     core: its OpenMP threads and every other thread it starts (see :func:`_pin`)."""
-    argv = [sys.executable, "-m", "vllm_hetero_spec.harness.evaluation", json.dumps(job)]
+    argv = [sys.executable, "-m", "hetero_harness.evaluation", json.dumps(job)]
     if core is not None:
         argv.append(str(core))
         env = {**(env or {}), "VLLM_CPU_OMP_THREADS_BIND": str(core)}
@@ -106,7 +106,7 @@ def _find_drafter(llm: Any) -> Any:
 RUNNER_TIMED = ("execute_model", "sample_tokens", "propose_draft_token_ids")
 
 #: The worker extension through which a job reads the worker, wherever it runs.
-PROBE = "vllm_hetero_spec.harness.worker_probe.JobProbe"
+PROBE = "hetero_harness.worker_probe.JobProbe"
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:

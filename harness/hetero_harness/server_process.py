@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from vllm_hetero_spec.harness.evaluation import default_env
+from hetero_harness.evaluation import default_env
 
 
 def free_port() -> int:

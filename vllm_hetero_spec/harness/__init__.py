@@ -1,3 +1,0 @@
-"""Tooling around the plugin, not part of it: building the models from PyPI wheels, one
-engine run isolated in a subprocess (tests, benchmarks, the main job), a ``vllm serve``
-process, the prompts, and the main job itself (``python -m vllm_hetero_spec``)."""
