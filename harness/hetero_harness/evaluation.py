@@ -48,9 +48,10 @@ def run_isolated(job: dict[str, Any], timeout: float = 1800, env: dict[str, str]
 
 
 def run_isolated_many(jobs: list[dict[str, Any]], parallel: int | None = None,
-                      timeout: float = 1800) -> list[dict[str, Any] | Exception]:
-    """Run each of ``jobs`` with :func:`run_isolated`, ``parallel`` at a time (default:
-    one per CPU core), each child pinned to a core of its own, and return
+                      timeout: float = 1800, env: dict[str, str] | None = None) -> list[dict[str, Any] | Exception]:
+    """Run each of ``jobs`` with :func:`run_isolated` (``env`` added to each child's
+    environment), ``parallel`` at a time (default: one per CPU core), each child pinned
+    to a core of its own, and return
     their results in order; a job that failed gives its exception in its place (one
     failed configuration must not hide the others' results).
 
@@ -68,7 +69,7 @@ def run_isolated_many(jobs: list[dict[str, Any]], parallel: int | None = None,
         # on a list are atomic.
         core = free.pop() if parallel > 1 else None
         try:
-            return run_isolated(job, timeout, core=core)
+            return run_isolated(job, timeout, env=env, core=core)
         except Exception as exc:  # noqa: BLE001 -- handed back in the job's place
             return exc
         finally:
