@@ -7,7 +7,7 @@ seeded samples, ``verify/seeded.py``). Every configuration in a fresh process wi
 vLLM's default flags, interleaved and repeated; speedups are per repeat against that
 repeat's plain run.
 
-    .venv/bin/python benchmarks/sampling_params.py --repeats 2
+    .venv/bin/python benchmarks/sampling_params.py --repeats 2 [--in-process]
 
 Writes benchmarks/results/sampling_params.json and .md.
 """
@@ -38,6 +38,9 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--in-process", action="store_true",
+                    help="engines in the caller's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), as the earlier "
+                         "benchmarks ran; on a 2-core CPU vLLM's default layout leaves the worker one core")
     args = ap.parse_args()
     target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
     prompts = chat_prompts(target, spec_bench_questions(args.num_prompts))
@@ -56,30 +59,39 @@ def main() -> None:
                 "speculative_config": spec_config, "batch_size": 1, "seed": repeat,
             }
             t0 = time.perf_counter()
-            result = run_isolated(job)
+            result = run_isolated(job, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.in_process else None)
             print(f"repeat {repeat} {name}: {result['tok_per_s']:.2f} tok/s, mean acceptance length "
                   f"{result['mean_acceptance_length']}, {time.perf_counter() - t0:.0f} s", flush=True)
             runs[name].append({k: result.get(k) for k in ("tok_per_s", "output_tokens", "elapsed_s",
                                                           "mean_acceptance_length", "acceptance_rate",
                                                           "rules_chosen")})
+            write(args, len(prompts), runs)
+
+
+def write(args: argparse.Namespace, n_prompts: int, runs: dict[str, list[dict]]) -> None:
+    """The JSON and markdown of the repeats so far (rewritten after each run)."""
     rows = []
+    done = len(runs["plain"])
     for name, results in runs.items():
         ratios = [r["tok_per_s"] / p["tok_per_s"] for r, p in zip(results, runs["plain"])]
         rows.append({
             "config": name, "tok_per_s": median([r["tok_per_s"] for r in results]),
-            "speedup": median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
+            "speedup": median(ratios), "speedup_min": min(ratios, default=None),
+            "speedup_max": max(ratios, default=None),
             "mean_acceptance_length": median([r["mean_acceptance_length"] for r in results]),
             "acceptance_rate": median([r["acceptance_rate"] for r in results]),
         })
-    setup = {"target": args.target, "draft": args.draft, "prompts": len(prompts), "max_tokens": args.max_tokens,
-             "batch_size": 1, "temperature": 1.0, **FILTERS, "min_p": MIN_P, "repeats": args.repeats,
+    setup = {"target": args.target, "draft": args.draft, "prompts": n_prompts, "max_tokens": args.max_tokens,
+             "batch_size": 1, "temperature": 1.0, **FILTERS, "min_p": MIN_P, "repeats": done,
+             "engine_layout": "in process" if args.in_process else "vLLM's default (engine core process)",
              "machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d")}
     OUT.mkdir(exist_ok=True)
     (OUT / "sampling_params.json").write_text(json.dumps({"setup": setup, "rows": rows, "runs": runs}, indent=1))
     lines = [
         f"Batch 1, T = 1, top-k {FILTERS['top_k']}, top-p {FILTERS['top_p']}, min_p {MIN_P}; {args.draft} drafting "
-        f"for {args.target}; {len(prompts)} Spec-Bench prompts x {args.max_tokens} tokens; medians of "
-        f"{args.repeats} interleaved repeats (speedup: min-max over repeats). vLLM's own speculative methods "
+        f"for {args.target}; {n_prompts} Spec-Bench prompts x {args.max_tokens} tokens; medians of "
+        f"{done} interleaved repeats (speedup: min-max over repeats); engines "
+        f"{'in process' if args.in_process else 'in vLLM default layout'}. vLLM's own speculative methods "
         "refuse min_p.",
         "",
         "| config | tok/s | speedup over plain | mean acceptance length | acceptance rate |",
@@ -90,8 +102,7 @@ def main() -> None:
                      f"({fmt(row['speedup_min'], '.2f')}-{fmt(row['speedup_max'], '.2f')}) | "
                      f"{fmt(row['mean_acceptance_length'], '.2f')} | {fmt(row['acceptance_rate'], '.2f')} |")
     (OUT / "sampling_params.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
+    print("\n".join(lines), flush=True)
 
 if __name__ == "__main__":
     main()
