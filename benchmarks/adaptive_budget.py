@@ -14,18 +14,14 @@ Writes benchmarks/results/adaptive_budget.{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
-from pathlib import Path
 
-from report import fmt, median
+from report import figure, fmt, median, meta as run_meta, read_result, runs_cell, table, write_report
 
 from hetero_harness.evaluation import run_isolated
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import chat_prompts, spec_bench_questions
 
-OUT = Path(__file__).parent / "results"
 NAME = "adaptive_budget"
 
 
@@ -75,12 +71,10 @@ def main() -> None:
 
     target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
     prompts = chat_prompts(target, spec_bench_questions(max(args.batch_sizes + [args.batch1_prompts])))
-    meta = {"args": vars(args), "machine": f"{platform.machine()} {platform.processor()}",
-            "date": time.strftime("%Y-%m-%d")}
+    meta = run_meta(args)
     rows: list[dict] = []
-    OUT.mkdir(exist_ok=True)
     if args.append:
-        previous = json.loads((OUT / f"{args.name}.json").read_text())
+        previous = read_result(args.name)
         rows, meta = previous["rows"], {**previous["meta"], f"appended {meta['date']}": meta["args"]}
     first = True
     for bs in args.batch_sizes:
@@ -118,8 +112,7 @@ def main() -> None:
                     "draft_lengths": runs[-1].get("draft_lengths"),
                     "unseeded": args.unseeded,
                 })
-                (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-                (OUT / f"{args.name}.md").write_text(to_markdown(rows, args))
+                write_report(args.name, {"meta": meta, "rows": rows}, to_markdown(rows, args))
             first = False
     plot(rows, args.name)
     print(to_markdown(rows, args))
@@ -141,30 +134,25 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
         "Draft lengths: share of steps per chosen draft length (the longest any request got that step). "
         "Several runs: their tok/s listed, the median used. `benchmarks/adaptive_budget.py`.",
         "",
-        "| T | batch | tokens | configuration | tok/s (runs) | speedup | acceptance | mean acc. length | draft lengths |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        unseeded = " (unseeded)" if r.get("unseeded") else ""
-        runs = " / ".join(f"{x:.2f}" for x in r["runs"])
-        lines.append(
-            f"| {r['temperature']} | {r['batch_size']} | {r.get('max_tokens', args.max_tokens)} | {r['config']}{unseeded} | {runs} | "
-            f"{r['speedup']:.2f}x | "
-            f"{fmt(r['acceptance_rate'], '.1%')} | {fmt(r['mean_acceptance_length'], '.2f')} | "
-            f"{_lengths(r['draft_lengths'])} |"
-        )
+    lines += table(
+        ["T", "batch", "tokens", "configuration", "tok/s (runs)", "speedup", "acceptance", "mean acc. length",
+         "draft lengths"],
+        ([r["temperature"], r["batch_size"], r.get("max_tokens", args.max_tokens),
+          r["config"] + (" (unseeded)" if r.get("unseeded") else ""), runs_cell(r["runs"]), f"{r['speedup']:.2f}x",
+          fmt(r["acceptance_rate"], ".1%"), fmt(r["mean_acceptance_length"], ".2f"), _lengths(r["draft_lengths"])]
+         for r in rows))
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], name: str) -> None:
     """Speedup per configuration, one panel per (T, batch)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cells = sorted({(r["temperature"], r["batch_size"]) for r in rows}, key=lambda c: (c[1], c[0]))
-    fig, axes = plt.subplots(1, len(cells), figsize=(3.2 * len(cells), 3.6), sharey=True, squeeze=False)
+    with figure(name, 1, len(cells), figsize=(3.2 * len(cells), 3.6), sharey=True, squeeze=False) as (fig, axes):
+        _draw(axes, cells, rows)
+
+
+def _draw(axes, cells: list[tuple[float, int]], rows: list[dict]) -> None:
     for ax, (temp, bs) in zip(axes[0], cells):
         cell = [r for r in rows if r["temperature"] == temp and r["batch_size"] == bs and r["config"] != "plain"]
         labels = [r["config"].replace("ours ", "").replace(" (k <= ", "\n(k<=") for r in cell]
@@ -175,8 +163,6 @@ def plot(rows: list[dict], name: str) -> None:
         ax.set_xticks(range(len(cell)), labels, rotation=70, fontsize=7)
         ax.set_title(f"T={temp}, batch {bs}", fontsize=9)
     axes[0][0].set_ylabel("speedup over plain decoding")
-    fig.tight_layout()
-    fig.savefig(OUT / f"{name}.png", dpi=110)
 
 
 if __name__ == "__main__":

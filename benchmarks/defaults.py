@@ -23,17 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
-from pathlib import Path
 
-from report import fmt, median
+from report import figure, fmt, median, meta as run_meta, range_cell, read_result, runs_cell, spread, table, write_report
 
 from hetero_harness.evaluation import run_isolated
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import MAX_CHARS, chat_prompts, held_out_questions
 
-OUT = Path(__file__).parent / "results"
 NAME = "defaults"
 RULES = ("slem", "tli", "slrs", "dtw", "union")
 BUILTIN = "vllm built-in TLI"
@@ -108,12 +105,10 @@ def main() -> None:
     draft = str(ensure_model(args.draft))
     targets = {t: str(ensure_model(t)) for t in args.targets}
     questions = held_out_questions(max(args.batch_sizes + [args.batch1_prompts]), args.skip)
-    meta = {"args": vars(args), "machine": f"{platform.machine()} {platform.processor()}",
-            "date": time.strftime("%Y-%m-%d")}
+    meta = run_meta(args)
     runs: list[dict] = []
-    OUT.mkdir(exist_ok=True)
     if args.append:
-        previous = json.loads((OUT / f"{args.name}.json").read_text())
+        previous = read_result(args.name)
         runs, meta = previous["runs"], {**previous["meta"], f"appended {meta['date']}": meta["args"]}
     variants = (*((f"{dtype} drafter", {"draft_dtype": dtype}) for dtype in args.draft_dtypes),
                 *((label, json.loads(settings)) for label, settings in (v.split("=", 1) for v in args.auto_variant)))
@@ -164,8 +159,7 @@ def main() -> None:
 
 def write(runs: list[dict], meta: dict, name: str) -> None:
     """The JSON and the table so far, after every run (a failed one too)."""
-    (OUT / f"{name}.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=2))
-    (OUT / f"{name}.md").write_text(to_markdown(runs, meta))
+    write_report(name, {"meta": meta, "runs": runs}, to_markdown(runs, meta))
 
 
 def by_configuration(runs: list[dict]) -> dict[tuple, list[dict]]:
@@ -193,7 +187,7 @@ def summarize(runs: list[dict]) -> list[dict]:
         plain = next((r for r in cell if r["config"] == "plain"), None)
         base = plain["tok_per_s"] if plain else None
         row["speedup"] = row["tok_per_s"] / base if base and row["tok_per_s"] else None
-        row["spread"] = ((min(row["runs"]) / base, max(row["runs"]) / base) if base and row["runs"] else None)
+        row["spread"] = spread(row["runs"], base)
     return rows
 
 
@@ -212,17 +206,18 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
            "rewind a seeded generator when a prefill is chunked (`seeds_work`)."]
           if any(not seeds_work(r["batch_size"], r["temperature"]) for r in runs) else []),
         "",
-        "| target | batch | T | configuration | tok/s (runs) | speedup | spread | acceptance | rules chosen (auto) |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for r in summarize(runs):
-        spread = "-" if r["spread"] is None else f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f}"
         chosen = r["rules_chosen"]
         rules = "-" if not chosen else " ".join(f"{k}:{v}" for k, v in sorted(chosen.items(), key=lambda x: -x[1]))
-        runs_txt = " / ".join(f"{x:.2f}" for x in r["runs"]) + (f" ({r['failed']} failed)" if r["failed"] else "")
+        runs_txt = runs_cell(r["runs"]) + (f" ({r['failed']} failed)" if r["failed"] else "")
         seeds = "" if seeds_work(r["batch_size"], r["temperature"]) else " (unseeded)"
-        lines.append(f"| {r['target']} | {r['batch_size']} | {r['temperature']}{seeds} | {r['config']} | {runs_txt} | "
-                     f"{fmt(r['speedup'], '.2f')}x | {spread} | {fmt(r['acceptance_rate'], '.1%')} | {rules} |")
+        rows.append([r["target"], r["batch_size"], f"{r['temperature']}{seeds}", r["config"], runs_txt,
+                     f"{fmt(r['speedup'], '.2f')}x", range_cell(*(r["spread"] or (None, None))),
+                     fmt(r["acceptance_rate"], ".1%"), rules])
+    lines += table(["target", "batch", "T", "configuration", "tok/s (runs)", "speedup", "spread", "acceptance",
+                    "rules chosen (auto)"], rows)
     return "\n".join(lines + time_split(runs)) + "\n"
 
 
@@ -234,34 +229,33 @@ def time_split(runs: list[dict]) -> list[str]:
     timed = [r for r in runs if "error" not in r and r.get("runner_s")]
     if not timed:
         return []
-    lines = ["", "Where the timed part went, ms per output token (medians over the runs; `sample_tokens` "
-             "includes drafting):", "",
-             "| target | batch | T | configuration | execute_model | sample_tokens | drafting | elapsed |",
-             "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for key, mine in by_configuration(timed).items():
 
         def per_token(part: str) -> str:
             return fmt(median([1e3 * r["runner_s"][part] / (r["tok_per_s"] * r["elapsed_s"]) for r in mine]), ".2f")
 
         elapsed = fmt(median([1e3 / r["tok_per_s"] for r in mine]), ".2f")
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {per_token('execute_model')} | "
-                     f"{per_token('sample_tokens')} | {per_token('propose_draft_token_ids')} | {elapsed} |")
-    return lines
+        rows.append([*key, per_token("execute_model"), per_token("sample_tokens"),
+                     per_token("propose_draft_token_ids"), elapsed])
+    return ["", "Where the timed part went, ms per output token (medians over the runs; `sample_tokens` "
+            "includes drafting):", "",
+            *table(["target", "batch", "T", "configuration", "execute_model", "sample_tokens", "drafting", "elapsed"],
+                   rows)]
 
 
 def plot(runs: list[dict], name: str) -> None:
     """Speedup per configuration with its spread, one panel per cell."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [r for r in summarize(runs)
             if r["config"] != "plain" and "superseded" not in r["config"] and r["speedup"] is not None]
     cells = list(dict.fromkeys((r["target"], r["batch_size"], r["temperature"]) for r in rows))
     if not cells:
         return
-    fig, axes = plt.subplots(1, len(cells), figsize=(2.8 * len(cells), 3.6), sharey=True, squeeze=False)
+    with figure(name, 1, len(cells), figsize=(2.8 * len(cells), 3.6), sharey=True, squeeze=False) as (fig, axes):
+        _draw(axes, cells, rows)
+
+
+def _draw(axes, cells: list[tuple], rows: list[dict]) -> None:
     for ax, cell in zip(axes[0], cells):
         mine = [r for r in rows if (r["target"], r["batch_size"], r["temperature"]) == cell]
         colors = ["tab:green" if r["config"] == "auto" else "tab:gray" if r["config"] == BUILTIN else "tab:blue"
@@ -274,8 +268,6 @@ def plot(runs: list[dict], name: str) -> None:
                       rotation=60, fontsize=7)
         ax.set_title(f"{cell[0]}\nbatch {cell[1]}, T={cell[2]}", fontsize=8)
     axes[0][0].set_ylabel("speedup over plain decoding")
-    fig.tight_layout()
-    fig.savefig(OUT / f"{name}.png", dpi=110)
 
 
 if __name__ == "__main__":

@@ -16,22 +16,17 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import json
-import platform
 import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from report import fmt, median
+from report import fmt, median, meta as run_meta, table, write_report
 
 from hetero_harness.evaluation import run_isolated
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import chat_prompts, spec_bench_questions
-
-OUT = Path(__file__).parent / "results"
-
 
 # The last commit with the transformers drafter: ``--legacy`` runs "old" rows from a
 # worktree of it (PYTHONPATH first, so its plugin is the one vLLM loads).
@@ -99,9 +94,7 @@ def main() -> None:
     same = str(ensure_model(args.same_vocab_draft))
     prompts = chat_prompts(target, spec_bench_questions(args.num_prompts))
     rows = []
-    OUT.mkdir(exist_ok=True)
-    meta = {"args": vars(args), "machine": f"{platform.machine()} {platform.processor()}",
-            "date": time.strftime("%Y-%m-%d")}
+    meta = run_meta(args)
     cells = [(t, b) for b in args.batch_sizes for t in args.temperatures]
     for temp, bs in cells:
         n = bs if bs > 1 else min(len(prompts), 4)
@@ -145,8 +138,7 @@ def main() -> None:
                 "step_ms": median([1e3 * r["elapsed_s"] / r["propose_calls"] for r in runs if r.get("propose_calls")]),
             })
             # Written after every row, so an interrupted run keeps what it measured.
-            (OUT / "e2e.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-            (OUT / "e2e.md").write_text(to_markdown(rows, args))
+            write_report("e2e", {"meta": meta, "rows": rows}, to_markdown(rows, args))
     print(to_markdown(rows, args))
 
 
@@ -156,21 +148,20 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
         f"Target {args.target} (float32), drafts {args.draft} / {args.same_vocab_draft}, k={args.k}, "
         f"{args.max_tokens} output tokens per request, Spec-Bench prompts, median of {args.repeats}.",
         "",
-        "| T | batch | configuration | tok/s | speedup | acceptance | mean acc. length | bridge ms/step | drafter ms/step "
-        "| propose ms/draft token | step ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    body = []
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['temperature']} | {r['batch_size']} | {r['config']} | failed | | | | | | | |")
+            body.append([r["temperature"], r["batch_size"], r["config"], "failed", *[""] * 7])
             continue
-        lines.append(
-            f"| {r['temperature']} | {r['batch_size']} | {r['config']} | {r['tok_per_s']:.2f} | "
-            f"{fmt(r['speedup'], '.2f')}x | {fmt(r['acceptance_rate'], '.1%')} | "
-            f"{fmt(r['mean_acceptance_length'], '.2f')} | {fmt(r['bridge_ms_per_step'], '.2f')} | "
-            f"{fmt(r['draft_ms_per_step'], '.0f')} | {fmt(r.get('propose_ms_per_draft_token'), '.1f')} | "
-            f"{fmt(r.get('step_ms'), '.0f')} |"
-        )
+        body.append([
+            r["temperature"], r["batch_size"], r["config"], f"{r['tok_per_s']:.2f}", f"{fmt(r['speedup'], '.2f')}x",
+            fmt(r["acceptance_rate"], ".1%"), fmt(r["mean_acceptance_length"], ".2f"),
+            fmt(r["bridge_ms_per_step"], ".2f"), fmt(r["draft_ms_per_step"], ".0f"),
+            fmt(r.get("propose_ms_per_draft_token"), ".1f"), fmt(r.get("step_ms"), ".0f"),
+        ])
+    lines += table(["T", "batch", "configuration", "tok/s", "speedup", "acceptance", "mean acc. length",
+                    "bridge ms/step", "drafter ms/step", "propose ms/draft token", "step ms"], body)
     return "\n".join(lines) + "\n"
 
 

@@ -13,11 +13,12 @@ missing, so the gaps are as visible as the figures.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
-from defaults import BUILTIN, OUT, RULES, by_configuration
-from report import fmt, median
+from defaults import BUILTIN, RULES, by_configuration
+from report import fmt, median, ratio_cell, results_dir, table, write_report
 
 #: The result files measured on the 2-core AMD EPYC (float32 drafter), oldest first (the
 #: order they were committed in); a later file's cell replaces an earlier one's.
@@ -79,7 +80,7 @@ def _ratio(m: dict | None) -> str:
         return "not measured"
     if "failed" in m:
         return f"failed to start ({_runs(m['failed'])})"
-    return f"{m['speedup']:.2f}x ({m['low']:.2f}-{m['high']:.2f}; {_runs(m['runs'])})"
+    return ratio_cell(m["speedup"], m["low"], m["high"], note=_runs(m["runs"]))
 
 
 def _runs(n: int) -> str:
@@ -93,15 +94,16 @@ def to_markdown(rows: list[dict]) -> str:
         "decoding in the same result file, its runs interleaved with plain's; spread = min-max of the runs over "
         "plain's median. `benchmarks/matrix.py` from the files named.",
         "",
-        "| target | batch | T | `auto` | best rule alone | rules run alone | vLLM built-in TLI | files |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    body = []
     for r in rows:
         best = "not measured" if r["rule"] is None else f"`{r['best_rule']}` {_ratio(r['rule'])}"
         files = sorted({m["file"] for m in (r["auto"], r["rule"], r["builtin"]) if m})
-        lines.append(f"| {r['target']} | {r['batch_size']} | {r['temperature']:g} | {_ratio(r['auto'])} | {best} | "
-                     f"{', '.join(r['rules_run']) or '-'} | {_ratio(r['builtin'])} | "
-                     f"{', '.join(f'[{f}]({f}.md)' for f in files) or '-'} |")
+        body.append([r["target"], r["batch_size"], f"{r['temperature']:g}", _ratio(r["auto"]), best,
+                     ", ".join(r["rules_run"]) or "-", _ratio(r["builtin"]),
+                     ", ".join(f"[{f}]({f}.md)" for f in files) or "-"])
+    lines += table(["target", "batch", "T", "`auto`", "best rule alone", "rules run alone", "vLLM built-in TLI",
+                    "files"], body)
     measured = [r for r in rows if r["auto"]]
     worst = min(measured, key=lambda r: r["auto"]["speedup"], default=None)
     lines += ["", f"Cells with `auto` measured: {len(measured)} of {len(rows)}; its lowest: "
@@ -111,9 +113,9 @@ def to_markdown(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    rows = cells(measurements([OUT / f"{name}.json" for name in SOURCES]))
-    (OUT / "defaults_matrix.json").write_text(json.dumps({"sources": SOURCES, "cells": rows}, indent=2))
-    (OUT / "defaults_matrix.md").write_text(to_markdown(rows))
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    rows = cells(measurements([results_dir() / f"{name}.json" for name in SOURCES]))
+    write_report("defaults_matrix", {"sources": SOURCES, "cells": rows}, to_markdown(rows))
     print(to_markdown(rows))
 
 

@@ -16,19 +16,12 @@ Writes benchmarks/results/ray.json and benchmarks/results/ray.md.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import time
-from pathlib import Path
 
-from report import fmt, median
+from report import fmt, median, meta as run_meta, table, write_report
 
 from hetero_harness.evaluation import run_isolated
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import chat_prompts, spec_bench_questions
-
-OUT = Path(__file__).parent / "results"
-
 
 def configs(draft: str, algorithm: str, k: int, cpus: int) -> dict[str, dict | None]:
     ours = {"method": "hetero", "model": draft, "num_speculative_tokens": k, "algorithm": algorithm}
@@ -84,9 +77,7 @@ def main() -> None:
     target = str(ensure_model(args.target))
     draft = str(ensure_model(args.draft))
     prompts = chat_prompts(target, spec_bench_questions(args.num_prompts))
-    OUT.mkdir(exist_ok=True)
-    meta = {"args": vars(args), "machine": f"{platform.machine()} {platform.processor()}",
-            "date": time.strftime("%Y-%m-%d")}
+    meta = run_meta(args)
     rows = []
     for temp in args.temperatures:
         plain_tps = None
@@ -118,8 +109,7 @@ def main() -> None:
                 **{key: median([t.get(key) for t in times]) for key in
                    ("wait_ms", "target_ms", "actor_idle_ms", "overlap", "hit_rate", "budget")},
             })
-            (OUT / "ray.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-            (OUT / "ray.md").write_text(to_markdown(rows, args))
+            write_report("ray", {"meta": meta, "rows": rows}, to_markdown(rows, args))
     print(to_markdown(rows, args))
 
 
@@ -130,20 +120,19 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
         f"{args.ray_cpus} CPU(s), batch {args.batch_size}, {args.num_prompts} Spec-Bench prompts x "
         f"{args.max_tokens} tokens, median of {args.repeats}. Waits and times are per step.",
         "",
-        "| T | configuration | tok/s | speedup | acceptance | target waits, ms | target step, ms "
-        "| actor idle, ms | overlap | pipeline hits | mean k |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    body = []
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['temperature']} | {r['config']} | failed | | | | | | | | |")
+            body.append([r["temperature"], r["config"], "failed", *[""] * 8])
             continue
-        lines.append(
-            f"| {r['temperature']} | {r['config']} | {r['tok_per_s']:.2f} | {fmt(r['speedup'], '.2f')}x | "
-            f"{fmt(r['acceptance_rate'], '.1%')} | {fmt(r['wait_ms'], '.0f')} | {fmt(r['target_ms'], '.0f')} | "
-            f"{fmt(r['actor_idle_ms'], '.0f')} | {fmt(r['overlap'], '.0%')} | {fmt(r['hit_rate'], '.0%')} | "
-            f"{fmt(r['budget'], '.1f')} |"
-        )
+        body.append([
+            r["temperature"], r["config"], f"{r['tok_per_s']:.2f}", f"{fmt(r['speedup'], '.2f')}x",
+            fmt(r["acceptance_rate"], ".1%"), fmt(r["wait_ms"], ".0f"), fmt(r["target_ms"], ".0f"),
+            fmt(r["actor_idle_ms"], ".0f"), fmt(r["overlap"], ".0%"), fmt(r["hit_rate"], ".0%"), fmt(r["budget"], ".1f"),
+        ])
+    lines += table(["T", "configuration", "tok/s", "speedup", "acceptance", "target waits, ms", "target step, ms",
+                    "actor idle, ms", "overlap", "pipeline hits", "mean k"], body)
     return "\n".join(lines) + "\n"
 
 

@@ -20,13 +20,12 @@ import platform
 import time
 from pathlib import Path
 
-from report import fmt, median
+from report import fmt, median, ratio_cell, table, write_report
 
 from hetero_harness.evaluation import run_isolated
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import chat_prompts, spec_bench_questions
 
-OUT = Path(__file__).parent / "results"
 FILTERS = {"top_k": 40, "top_p": 0.95}
 MIN_P = 0.05
 
@@ -85,8 +84,6 @@ def write(args: argparse.Namespace, n_prompts: int, runs: dict[str, list[dict]])
              "batch_size": 1, "temperature": 1.0, **FILTERS, "min_p": MIN_P, "repeats": done,
              "engine_layout": "in process" if args.in_process else "vLLM's default (engine core process)",
              "machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d")}
-    OUT.mkdir(exist_ok=True)
-    (OUT / "sampling_params.json").write_text(json.dumps({"setup": setup, "rows": rows, "runs": runs}, indent=1))
     lines = [
         f"Batch 1, T = 1, top-k {FILTERS['top_k']}, top-p {FILTERS['top_p']}, min_p {MIN_P}; {args.draft} drafting "
         f"for {args.target}; {n_prompts} Spec-Bench prompts x {args.max_tokens} tokens; medians of "
@@ -94,14 +91,12 @@ def write(args: argparse.Namespace, n_prompts: int, runs: dict[str, list[dict]])
         f"{'in process' if args.in_process else 'in vLLM default layout'}. vLLM's own speculative methods "
         "refuse min_p.",
         "",
-        "| config | tok/s | speedup over plain | mean acceptance length | acceptance rate |",
-        "|---|---|---|---|---|",
+        *table(["config", "tok/s", "speedup over plain", "mean acceptance length", "acceptance rate"],
+               ([row["config"], fmt(row["tok_per_s"], ".2f"),
+                 ratio_cell(row["speedup"], row["speedup_min"], row["speedup_max"]),
+                 fmt(row["mean_acceptance_length"], ".2f"), fmt(row["acceptance_rate"], ".2f")] for row in rows)),
     ]
-    for row in rows:
-        lines.append(f"| {row['config']} | {fmt(row['tok_per_s'], '.2f')} | {fmt(row['speedup'], '.2f')}x "
-                     f"({fmt(row['speedup_min'], '.2f')}-{fmt(row['speedup_max'], '.2f')}) | "
-                     f"{fmt(row['mean_acceptance_length'], '.2f')} | {fmt(row['acceptance_rate'], '.2f')} |")
-    (OUT / "sampling_params.md").write_text("\n".join(lines) + "\n")
+    write_report("sampling_params", {"setup": setup, "rows": rows, "runs": runs}, lines, indent=1)
     print("\n".join(lines), flush=True)
 
 if __name__ == "__main__":

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from report import fmt, median
+from report import figure, fmt, median, meta as run_meta, range_cell, ratio_cell, results_dir, runs_cell, table
+from report import write_markdown as save_markdown
+from report import write_report
 
 from hetero_harness.evaluation import default_env
 from hetero_harness.models import ensure_model
@@ -38,7 +39,7 @@ from hetero_harness.prompts import held_out_questions
 from hetero_harness.server_process import ServerProcess, vllm_command
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = Path(__file__).parent / "results"
+OUT = results_dir()
 PLAIN, OURS, BUILTIN = "plain", "ours (configs/hetero.json)", "vLLM built-in TLI"
 # Counters read before and after each cell; the cell reports their differences.
 COUNTERS = (
@@ -146,14 +147,12 @@ def main() -> None:
 
     target = str(ensure_model(args.target))
     draft = str(ensure_model(args.draft))
-    OUT.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="serving_bench-"))
     cells = cell_list(args)
     most = requests_at(max(c for _, c in cells), args.min_requests)
     dataset = sharegpt_file(work / "held_out.json", held_out_questions(most + 2, args.skip))
     server_env = dict(kv.split("=", 1) for kv in args.server_env)
-    meta = {"args": vars(args), "target": target, "draft": draft, "date": time.strftime("%Y-%m-%d %H:%M"),
-            "machine": f"{platform.machine()} {platform.processor()}", "logs": str(work)}
+    meta = run_meta(args, date_format="%Y-%m-%d %H:%M", target=target, draft=draft, logs=str(work))
     rows: list[dict] = []
     for rnd in range(args.repeats):
         for name, spec in servers(draft, args.k).items():
@@ -175,7 +174,7 @@ def main() -> None:
                                  **speculation(before, counters(server))})
                     print(json.dumps(rows[-1]), flush=True)
                     # After every cell, so that an interrupted run keeps what it measured.
-                    (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+                    write_report(args.name, {"meta": meta, "rows": rows}, out=OUT, indent=1)
                     summary = summarize(rows)
                     write_markdown(args.name, summary, meta)
                     if any(r["configuration"] == PLAIN for r in summary):  # the plot is drawn against plain
@@ -228,40 +227,37 @@ def write_markdown(name: str, summary: list[dict], meta: dict) -> None:
         "seconds the server's drafter spent in the cell (forwards, sampling, the bridge), against the cell's "
         "wall time.",
         "",
-        "| T | concurrency | configuration | output tok/s (runs) | vs plain | spread | TTFT median / p99 ms | "
-        "TPOT median / p99 ms | acceptance | draft length | undrafted steps | drafter s / cell s | "
-        "rules (request-steps) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    body = []
     for r in sorted(summary, key=lambda r: (r["temperature"], r["concurrency"])):
         base = _base(summary, r)
-        ratio = f"{r['output_throughput'] / base['output_throughput']:.2f}x" if base else "-"
-        spread = (f"{min(r['runs']) / base['output_throughput']:.2f}-{max(r['runs']) / base['output_throughput']:.2f}"
-                  if base else "-")
-        acc = r.get("acceptance")
+        plain = base["output_throughput"] if base else None
         rules = ", ".join(f"{k} {v:.0f}" for k, v in r["rules"].items()) or "-"
-        undrafted = r.get("undrafted_share")
         spent = f"{r['drafter_s']:.1f} / {r['duration']:.0f}" if r.get("drafter_s") is not None and r.get("duration") else "-"
-        lines.append(
-            f"| {r['temperature']:g} | {r['concurrency']} | {r['configuration']} | "
-            f"{' / '.join(f'{x:.2f}' for x in r['runs'])} | {ratio} | {spread} | "
-            f"{fmt(r['median_ttft_ms'], '.0f')} / {fmt(r['p99_ttft_ms'], '.0f')} | "
-            f"{fmt(r['median_tpot_ms'], '.0f')} / {fmt(r['p99_tpot_ms'], '.0f')} | "
-            f"{'-' if acc is None else f'{acc:.0%}'} | {fmt(r.get('mean_draft_length'), '.2f')} | "
-            f"{'-' if undrafted is None else f'{undrafted:.0%}'} | {spent} | {rules} |")
+        body.append([
+            f"{r['temperature']:g}", r["concurrency"], r["configuration"], runs_cell(r["runs"]),
+            ratio_cell(r["output_throughput"] / plain if plain else None),
+            range_cell(min(r["runs"]) / plain, max(r["runs"]) / plain) if plain else "-",
+            f"{fmt(r['median_ttft_ms'], '.0f')} / {fmt(r['p99_ttft_ms'], '.0f')}",
+            f"{fmt(r['median_tpot_ms'], '.0f')} / {fmt(r['p99_tpot_ms'], '.0f')}",
+            fmt(r.get("acceptance"), ".0%"), fmt(r.get("mean_draft_length"), ".2f"),
+            fmt(r.get("undrafted_share"), ".0%"), spent, rules,
+        ])
+    lines += table(["T", "concurrency", "configuration", "output tok/s (runs)", "vs plain", "spread",
+                    "TTFT median / p99 ms", "TPOT median / p99 ms", "acceptance", "draft length", "undrafted steps",
+                    "drafter s / cell s", "rules (request-steps)"], body)
     failed = sum(r["failed"] for r in summary)
     lines += ["", f"Failed requests over all cells: {failed}."]
-    (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
+    save_markdown(name, lines, out=OUT)
 
 
 def plot(name: str, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     temps = sorted({r["temperature"] for r in rows})
-    fig, axes = plt.subplots(2, len(temps), figsize=(5.5 * len(temps), 7), squeeze=False)
+    with figure(name, 2, len(temps), out=OUT, figsize=(5.5 * len(temps), 7), squeeze=False) as (fig, axes):
+        _draw(axes, temps, rows)
+
+
+def _draw(axes, temps: list[float], rows: list[dict]) -> None:
     levels = sorted({r["concurrency"] for r in rows})
     for col, t in enumerate(temps):
         for conf in dict.fromkeys(r["configuration"] for r in rows):
@@ -278,9 +274,6 @@ def plot(name: str, rows: list[dict]) -> None:
             ax.set_xlabel("concurrent requests")
             ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(OUT / f"{name}.png", dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":
