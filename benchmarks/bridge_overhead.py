@@ -10,24 +10,22 @@ reference kept here for that purpose.
 
     .venv/bin/python benchmarks/bridge_overhead.py
 
-Writes benchmarks/results/bridge.json and bridge.md.
+Writes benchmarks/results/bridge.json (``{"rows": [...]}``) and bridge.md.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import time
-from pathlib import Path
+
+from report import read_result, results_dir, table, write_report
 
 from vllm_hetero_spec.vocab.alignment import dtw_align_batch
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import spec_bench_questions
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.retokenize import AlignedTokens, propose_continuation, propose_continuations, sync_batch
-
-OUT = Path(__file__).parent / "results"
-
 
 def python_dtw(a: list[bytes], b: list[bytes], w: int) -> int:
     """Reference: the same banded DTW with Levenshtein cost, in plain Python."""
@@ -56,10 +54,9 @@ def _target_step_ms(batch: int) -> float | None:
     """Plain decoding's step time on this machine from the e2e benchmark (Qwen-1.5B,
     fp32): batch / tok/s. Batches it did not run are scaled linearly from the largest
     one it did (a CPU step is compute-bound, so this is about right, not a measurement)."""
-    path = OUT / "e2e.json"
-    if not path.exists():
+    if not (results_dir() / "e2e.json").exists():
         return None
-    plain = {r["batch_size"]: r["tok_per_s"] for r in json.loads(path.read_text())["rows"]
+    plain = {r["batch_size"]: r["tok_per_s"] for r in read_result("e2e")["rows"]
              if r["config"] == "plain" and r["temperature"] == 0.0}
     if not plain:
         return None
@@ -75,6 +72,7 @@ def _streams(bridge: VocabBridge, batch: int) -> list[list[int]]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as in the engine's tests
     draft_path, target_path = str(ensure_model("smollm2-135m")), str(ensure_model("qwen2.5-coder-1.5b"))
     bridge = VocabBridge.build(draft_path, target_path, 49152, 151936)
@@ -138,18 +136,15 @@ def main() -> None:
                 "share_of_step": bridge_us * batch / (1e3 * step_ms) if step_ms else None,
             })
             print(rows[-1], flush=True)
-    OUT.mkdir(exist_ok=True)
-    (OUT / "bridge.json").write_text(json.dumps(rows, indent=2))
-    lines = ["| k | batch | realign (all algorithms) | re-tokenization total (slem, dtw) | same, one request at a time | "
-             "DTW compiled µs/req/step | DTW Python µs/req/step | DTW speedup | bridge total µs/req/step | "
-             "share of a target step |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        share = f"{100 * r['share_of_step']:.2f}%" if r["share_of_step"] is not None else "n/a"
-        lines.append(f"| {r['k']} | {r['batch']} | {r['realign_us']:.1f} | {r['retokenize_us']:.1f} | {r['retokenize_unbatched_us']:.1f} | "
-                     f"{r['dtw_compiled_us']:.1f} | {r['dtw_python_us']:.1f} | {r['dtw_speedup']:.0f}x | "
-                     f"{r['bridge_us']:.1f} | {share} |")
-    (OUT / "bridge.md").write_text("\n".join(lines) + "\n")
+    lines = table(
+        ["k", "batch", "realign (all algorithms)", "re-tokenization total (slem, dtw)", "same, one request at a time",
+         "DTW compiled µs/req/step", "DTW Python µs/req/step", "DTW speedup", "bridge total µs/req/step",
+         "share of a target step"],
+        ([r["k"], r["batch"], f"{r['realign_us']:.1f}", f"{r['retokenize_us']:.1f}",
+          f"{r['retokenize_unbatched_us']:.1f}", f"{r['dtw_compiled_us']:.1f}", f"{r['dtw_python_us']:.1f}",
+          f"{r['dtw_speedup']:.0f}x", f"{r['bridge_us']:.1f}",
+          f"{100 * r['share_of_step']:.2f}%" if r["share_of_step"] is not None else "n/a"] for r in rows))
+    write_report("bridge", {"rows": rows}, lines)
     print("\n".join(lines))
 
 

@@ -16,16 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from report import median
+from report import median, meta as run_meta, range_cell, table, write_report
 
-OUT = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -106,23 +104,18 @@ def main() -> None:
              "spread_ms": {n: [min(r[k] for r in runs[n]), max(r[k] for r in runs[n])] for n in runs}} for k in keys]
     for r in rows:
         r["speedup"] = r["baseline_ms"] / r["current_ms"]
-    OUT.mkdir(exist_ok=True)
-    meta = {"args": {k: v for k, v in vars(args).items() if k != "child"}, "date": time.strftime("%Y-%m-%d"),
-            "machine": f"{platform.machine()} {platform.processor()}", "commit_baseline": args.baseline}
-    (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    meta = run_meta({k: v for k, v in vars(args).items() if k != "child"}, commit_baseline=args.baseline)
     lines = [
         f"`DraftEngine.step` (k = 4, T = {args.temperature}), SmolLM2-135M drafting for the Qwen2.5 tokenizer, "
         f"200-token Spec-Bench prompts; median over {args.repeats} alternating runs per side of the per-step "
         f"median of {args.steps} steps; baseline = commit `{args.baseline}`. `benchmarks/draft_loop_speed.py`.",
         "",
-        "| algorithm / batch | baseline ms/step | current ms/step | speedup | spread (baseline; current) |",
-        "|---|---|---|---|---|",
+        *table(["algorithm / batch", "baseline ms/step", "current ms/step", "speedup", "spread (baseline; current)"],
+               ([r["case"], f"{r['baseline_ms']:.1f}", f"{r['current_ms']:.1f}", f"{r['speedup']:.2f}x",
+                 f"{range_cell(*r['spread_ms']['baseline'], '.1f')}; {range_cell(*r['spread_ms']['current'], '.1f')}"]
+                for r in rows)),
     ]
-    for r in rows:
-        sb, sc = r["spread_ms"]["baseline"], r["spread_ms"]["current"]
-        lines.append(f"| {r['case']} | {r['baseline_ms']:.1f} | {r['current_ms']:.1f} | {r['speedup']:.2f}x | "
-                     f"{sb[0]:.1f}-{sb[1]:.1f}; {sc[0]:.1f}-{sc[1]:.1f} |")
-    (OUT / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    write_report(args.name, {"meta": meta, "rows": rows}, lines)
     print("\n".join(lines))
 
 

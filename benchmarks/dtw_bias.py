@@ -17,18 +17,16 @@ Writes benchmarks/results/dtw_bias.json and dtw_bias.md.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from report import table, write_report
 from scipy.stats import chi2_contingency
 
 from hetero_harness.evaluation import run_isolated
 from hetero_harness.models import ensure_model
 
-OUT = Path(__file__).parent / "results"
 PROMPTS = ["My favourite thing about the weekend is", "def fibonacci(n):\n    "]
 POSITIONS = (1, 2)  # position 0 comes from the prefill, not from a draft
 
@@ -78,15 +76,11 @@ def main() -> None:
                              "tv": tv_distance(a, b), "chi2_p": chi2_pvalue(a, b),
                              "acceptance_rate": res["acceptance_rate"]})
                 print(rows[-1], flush=True)
-    OUT.mkdir(exist_ok=True)
-    (OUT / "dtw_bias.json").write_text(json.dumps({"target": "gemma3-270m", "draft": "smollm2-135m",
-                                                  "prompts": PROMPTS, "rows": rows}, indent=2))
-    lines = ["| prompt | configuration | position | TV to target alone | chi-square p | acceptance |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        acc = f"{100 * r['acceptance_rate']:.1f}%" if r["acceptance_rate"] is not None else "-"
-        lines.append(f"| {r['prompt']} | {r['config']} | {r['position']} | {r['tv']:.3f} | {r['chi2_p']:.1e} | {acc} |")
-    (OUT / "dtw_bias.md").write_text("\n".join(lines) + "\n")
+    lines = table(["prompt", "configuration", "position", "TV to target alone", "chi-square p", "acceptance"],
+                  ([r["prompt"], r["config"], r["position"], f"{r['tv']:.3f}", f"{r['chi2_p']:.1e}",
+                    f"{100 * r['acceptance_rate']:.1f}%" if r["acceptance_rate"] is not None else "-"] for r in rows))
+    write_report("dtw_bias", {"target": "gemma3-270m", "draft": "smollm2-135m", "prompts": PROMPTS, "rows": rows},
+                 lines)
     print("\n".join(lines))
 
 

@@ -26,23 +26,23 @@ Writes benchmarks/results/fsd_curve.{json,md} and fsd_curve.png.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
+
+from report import figure, meta as run_meta, table, write_report
+from report import fmt as _fmt
+from report import median as _median
 
 from hetero_harness.evaluation import run_isolated
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import chat_prompts, spec_bench_questions
 from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES
 
-OUT = Path(__file__).parent / "results"
 HUMANEVAL_STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"]
 JOB_TIMEOUT_S = 6 * 3600
 
@@ -97,11 +97,6 @@ def measure(name: str, task: str, job: dict[str, Any], repeats: int) -> list[dic
         print(f"{name} {task} rep={rep}: {runs[-1]['tok_per_s']:.2f} tok/s ({time.time() - t0:.0f}s wall)",
               flush=True)
     return runs
-
-
-def _median(xs: list[float | None]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def _ratio(x: float | None, base: float | None) -> float | None:
@@ -173,10 +168,8 @@ def main() -> None:
               "stop": HUMANEVAL_STOP}
     sb_job = {**common, "prompts": chat_prompts(target, spec_bench_questions(args.spec_prompts)),
               "max_tokens": args.spec_max_tokens}
-    meta = {"args": vars(args), "target": target, "draft": draft, "humaneval_stop": HUMANEVAL_STOP,
-            "machine": f"{platform.machine()} {platform.processor()}, {os.cpu_count()} CPUs",
-            "date": time.strftime("%Y-%m-%d")}
-    OUT.mkdir(exist_ok=True)
+    meta = run_meta(args, target=target, draft=draft, humaneval_stop=HUMANEVAL_STOP)
+    meta["machine"] += f", {os.cpu_count()} CPUs"
     rows: list[dict[str, Any]] = []
     plain: dict | None = None
     for name, (tau, spec) in configs(draft, args.k, args.taus, args.divergence).items():
@@ -193,15 +186,10 @@ def main() -> None:
         plain = plain or rows[-1]
         # Written after every configuration, so an interrupted run keeps what it measured.
         meta["wall_s"] = time.time() - start
-        (OUT / "fsd_curve.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-        (OUT / "fsd_curve.md").write_text(to_markdown(rows, args))
+        write_report("fsd_curve", {"meta": meta, "rows": rows}, to_markdown(rows, args))
         plot(rows, args)
     print(to_markdown(rows, args))
     print(f"total {time.time() - start:.0f}s")
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
 
 
 def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
@@ -213,30 +201,31 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
         "decoding. Speed and acceptance pooled over both tasks; speedup per task in parentheses "
         "(HumanEval / Spec-Bench).",
         "",
-        "| configuration | tau | tok/s | speedup | acceptance | mean acc. length | HumanEval pass@1 | "
-        "Spec-Bench exact match | mean agreement prefix |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    body = []
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['config']} | {_fmt(r['tau'], 'g')} | failed | | | | | | |")
+            body.append([r["config"], _fmt(r["tau"], "g"), "failed", *[""] * 6])
             continue
         he, sb = r["humaneval"], r["spec_bench"]
-        lines.append(
-            f"| {r['config']} | {_fmt(r['tau'], 'g')} | {r['tok_per_s']:.2f} | {_fmt(r['speedup'], '.2f')}x "
-            f"({_fmt(he['speedup'], '.2f')} / {_fmt(sb['speedup'], '.2f')}) | {_fmt(r['acceptance_rate'], '.1%')} | "
-            f"{_fmt(r['mean_acceptance_length'], '.2f')} | {he['pass_at_1']:.1%} "
-            f"({sum(he['passed'])}/{len(he['passed'])}) | {sb['exact_match']:.1%} | {sb['mean_agreement_prefix']:.1%} |"
-        )
+        body.append([
+            r["config"], _fmt(r["tau"], "g"), f"{r['tok_per_s']:.2f}",
+            f"{_fmt(r['speedup'], '.2f')}x ({_fmt(he['speedup'], '.2f')} / {_fmt(sb['speedup'], '.2f')})",
+            _fmt(r["acceptance_rate"], ".1%"), _fmt(r["mean_acceptance_length"], ".2f"),
+            f"{he['pass_at_1']:.1%} ({sum(he['passed'])}/{len(he['passed'])})", f"{sb['exact_match']:.1%}",
+            f"{sb['mean_agreement_prefix']:.1%}",
+        ])
+    lines += table(["configuration", "tau", "tok/s", "speedup", "acceptance", "mean acc. length", "HumanEval pass@1",
+                    "Spec-Bench exact match", "mean agreement prefix"], body)
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], args: argparse.Namespace) -> None:
-    import matplotlib
+    with figure("fsd_curve", figsize=(7, 4.5), dpi=120) as (fig, ax):
+        _draw(ax, rows, args)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _draw(ax, rows: list[dict], args: argparse.Namespace) -> None:
     ok = [r for r in rows if "error" not in r and r["speedup"] is not None]
     series = {
         "HumanEval pass@1": lambda r: r["humaneval"]["pass_at_1"],
@@ -245,7 +234,6 @@ def plot(rows: list[dict], args: argparse.Namespace) -> None:
     }
     fsd = [r for r in ok if r["tau"] is not None]
     plain = [r for r in ok if r["tau"] is None]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, y in series.items():
         line, = ax.plot([r["speedup"] for r in fsd], [y(r) for r in fsd], marker="o", label=label)
         ax.plot([r["speedup"] for r in plain], [y(r) for r in plain], marker="*", markersize=12, linestyle="",
@@ -259,8 +247,6 @@ def plot(rows: list[dict], args: argparse.Namespace) -> None:
     ax.set_title(f"fsd ({args.divergence}): quality vs speed, {args.draft} -> {args.target}")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(OUT / "fsd_curve.png", dpi=120)
 
 
 if __name__ == "__main__":

@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import time
 from pathlib import Path
 
 from defaults import seeds_work
+from report import meta as run_meta, results_dir, table, write_report
 from step_anatomy import run
 
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import MAX_CHARS, chat_prompts, held_out_questions
 
-OUT = Path(__file__).parent / "results"
 PARTS = ("_model_forward", "_sample", "propose_draft_token_ids")
 
 
@@ -58,7 +56,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--full-warmup", action="store_true",
                     help="run the whole job once untimed first, as defaults.py does for batches")
-    ap.add_argument("--out", type=Path, default=OUT / "k0_anatomy")
+    ap.add_argument("--out", type=Path, default=results_dir() / "k0_anatomy",
+                    help="results path without suffix: <out>.json and <out>.md")
     args = ap.parse_args()
     target, draft = str(ensure_model(args.target)), str(ensure_model(args.draft))
     n = args.batch_size if args.batch_size > 1 else args.prompts
@@ -74,9 +73,7 @@ def main() -> None:
         rows[name] = {"tok_per_s": out["result"]["tok_per_s"], "draft_lengths": out["result"].get("draft_lengths"),
                       **split(out["calls"])}
         print(name, json.dumps(rows[name]), flush=True)
-    meta = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": platform.machine(),
-            "date": time.strftime("%Y-%m-%d")}
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    meta = run_meta({k: str(v) for k, v in vars(args).items()})
     cols = ("step", "_model_forward", "_sample", "propose_draft_token_ids")
     shape = (f"batch 1, {n} held-out prompts one at a time" if args.batch_size == 1
              else f"{n} held-out prompts as one batch")
@@ -85,13 +82,11 @@ def main() -> None:
              f"{args.max_tokens} tokens each{'; the job ran once untimed first' if args.full_warmup else ''}. "
              "Per step, ms: mean over every step (median). "
              "`benchmarks/k0_anatomy.py`.", "",
-             "| run | tok/s | steps | step | target forward | sampler | proposer | rest | draft lengths |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, r in rows.items():
-        cells = " | ".join(f"{r[f'{c}_mean']:.1f} ({r[f'{c}_median']:.1f})" for c in cols)
-        lines.append(f"| {name} | {r['tok_per_s']:.2f} | {r['steps']} | {cells} | {r['rest_mean']:.1f} | "
-                     f"{r['draft_lengths'] or '-'} |")
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+             *table(["run", "tok/s", "steps", "step", "target forward", "sampler", "proposer", "rest", "draft lengths"],
+                    ([name, f"{r['tok_per_s']:.2f}", r["steps"],
+                      *(f"{r[f'{c}_mean']:.1f} ({r[f'{c}_median']:.1f})" for c in cols), f"{r['rest_mean']:.1f}",
+                      r["draft_lengths"] or "-"] for name, r in rows.items()))]
+    write_report(args.out.name, {"meta": meta, "rows": rows}, lines, out=args.out.parent)
     print("\n".join(lines))
 
 

@@ -124,7 +124,7 @@ def _row(cells: Iterable[Any]) -> str:
 
 def machine() -> str:
     """The short machine string the scripts' ``meta`` has always carried."""
-    return f"{platform.machine()} {platform.processor()}"
+    return f"{platform.machine()} {platform.processor()}".strip()
 
 
 def meta(args: argparse.Namespace | Mapping[str, Any] | None = None, *, date_format: str = "%Y-%m-%d",

@@ -24,7 +24,7 @@ reference. Afterwards it checks, and exits non-zero if any fails:
     .venv/bin/python benchmarks/soak.py --min-speculative-tokens 1   # every step drafts
 
 Not part of the test suite (its length); results go to benchmarks/results/soak.json
-(``soak_min<N>.json`` with a floor).
+(``soak_min<N>.json`` with a floor), the checks also to its ``.md``.
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ from pathlib import Path
 
 import openai
 import psutil
+from report import table, write_report
 
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import BRIDGE_STRESS, spec_bench_questions
 from hetero_harness.server_process import ServerProcess, stream_and_abandon
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = Path(__file__).parent / "results"
 MAX_MODEL_LEN = 1024
 COMMON = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--generation-config", "vllm"]
 BAD = [
@@ -175,12 +175,26 @@ def main() -> int:
         result["rss_growth"] = growth
         checks[f"RSS flat across rounds (growth {growth:+.1%})"] = growth <= args.rss_tolerance
     result["checks"] = checks
-    OUT.mkdir(exist_ok=True)
     name = "soak" if args.min_speculative_tokens is None else f"soak_min{args.min_speculative_tokens}"
-    (OUT / f"{name}.json").write_text(json.dumps(result, indent=2))
+    write_report(name, result, to_markdown(result))
     for name, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}  {name}")
     return 0 if all(checks.values()) else 1
+
+
+def to_markdown(result: dict) -> list[str]:
+    """The run's set-up in a sentence and its checks as a table."""
+    a = result["args"]
+    floor = a.get("min_speculative_tokens")
+    caption = (f"`benchmarks/soak.py`: {a['rounds']} rounds of {a['requests']} requests at concurrency "
+               f"{a['concurrency']} to `vllm serve` {a['target']} with the shipped config"
+               + (f" and min_speculative_tokens {floor}" if floor is not None else "")
+               + "; 80% ordinary greedy completions (each checked against a plain server's text), 10% abandoned "
+               "mid-stream, 10% bad requests. Per round: "
+               + "; ".join(f"{r['wall_s']:.0f} s, {r['accepted_tokens']:.0f} draft tokens accepted, RSS "
+                           f"{r['rss_mb']:.0f} MB" for r in result["rounds"]) + ".")
+    return [caption, "", *table(["check", "result"], ([check, "pass" if passed else "FAIL"]
+                                                       for check, passed in result["checks"].items()))]
 
 
 if __name__ == "__main__":

@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from report import fmt
+from report import figure, fmt, meta as run_meta, results_dir, table, write_report
 
-OUT = Path(__file__).parent / "results"
 #: Timed beside ``run_job``'s own (``RUNNER_TIMED``: execute_model, sample_tokens, propose_draft_token_ids).
 EXTRA_TIMED = ("_model_forward", "_sample")
 PREFIX = "ANATOMY "
@@ -121,7 +118,8 @@ def main() -> None:
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--out", type=Path, default=OUT / "step_anatomy")
+    ap.add_argument("--out", type=Path, default=results_dir() / "step_anatomy",
+                    help="results path without suffix: <out>.json, .md and .png")
     args = ap.parse_args()
     if args.child:
         child(json.loads(args.child))
@@ -154,42 +152,37 @@ def main() -> None:
 
 def write(rows: list[dict], args: argparse.Namespace) -> None:
     """JSON, a markdown table and a plot of measured and predicted speedup against k."""
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": platform.machine(),
-            "date": time.strftime("%Y-%m-%d")}
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    meta = run_meta({k: str(v) for k, v in vars(args).items()})
     lines = [
-        "# The anatomy of a speculative step",
-        "",
         f"{args.draft} drafting for {args.target} ({args.algorithm}), T = {args.temperature}, "
         f"{args.max_tokens} tokens per request; per-call medians. v: a speculative step without its drafting, "
         "c: one draft forward, both in plain steps; E: expected tokens per step; limit = E / (v + k c). "
         "`benchmarks/step_anatomy.py`.",
         "",
-        "| batch | k | plain step ms | step ms | target fwd ms (plain → spec) | sampler ms (plain → spec) "
-        "| draft fwd ms × n | bridge ms | proposer host ms | acceptance by position | E | v | c | limit | speedup "
-        "| efficiency |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    body = []
     for r in rows:
-        acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"])
-        lines.append(
-            f"| {r['batch']} | {r['k']} | {fmt(r['plain_step_ms'], '.0f')} | {fmt(r['step_ms'], '.0f')} | "
-            f"{fmt(r['target_forward_ms_plain'], '.0f')} → {fmt(r['target_forward_ms'], '.0f')} | "
-            f"{fmt(r['sampler_ms_plain'], '.1f')} → {fmt(r['sampler_ms'], '.1f')} | "
+        body.append([
+            r["batch"], r["k"], fmt(r["plain_step_ms"], ".0f"), fmt(r["step_ms"], ".0f"),
+            f"{fmt(r['target_forward_ms_plain'], '.0f')} → {fmt(r['target_forward_ms'], '.0f')}",
+            f"{fmt(r['sampler_ms_plain'], '.1f')} → {fmt(r['sampler_ms'], '.1f')}",
             f"{fmt(r['draft_forwards_ms'] / max(r['draft_forwards_per_step'], 1e-9), '.0f')} × "
-            f"{fmt(r['draft_forwards_per_step'], '.1f')} | {fmt(r['bridge_ms'], '.1f')} | "
-            f"{fmt(r['proposer_host_ms'], '.1f')} | {acc} | {fmt(r['E'], '.2f')} | {fmt(r['v'], '.2f')} | "
-            f"{fmt(r['c'], '.3f')} | {fmt(r['limit'], '.2f')}x | {fmt(r['speedup'], '.2f')}x | "
-            f"{fmt(r['efficiency'], '.0%')} |"
-        )
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    import matplotlib
+            f"{fmt(r['draft_forwards_per_step'], '.1f')}",
+            fmt(r["bridge_ms"], ".1f"), fmt(r["proposer_host_ms"], ".1f"),
+            " ".join(f"{a:.2f}" for a in r["acceptance_per_position"]), fmt(r["E"], ".2f"), fmt(r["v"], ".2f"),
+            fmt(r["c"], ".3f"), f"{fmt(r['limit'], '.2f')}x", f"{fmt(r['speedup'], '.2f')}x",
+            fmt(r["efficiency"], ".0%"),
+        ])
+    lines += table(["batch", "k", "plain step ms", "step ms", "target fwd ms (plain → spec)",
+                    "sampler ms (plain → spec)", "draft fwd ms × n", "bridge ms", "proposer host ms",
+                    "acceptance by position", "E", "v", "c", "limit", "speedup", "efficiency"], body)
+    write_report(args.out.name, {"meta": meta, "rows": rows}, lines, title="The anatomy of a speculative step",
+                 out=args.out.parent)
+    with figure(args.out.name, figsize=(6, 4), dpi=120, out=args.out.parent) as (fig, ax):
+        _draw(ax, rows)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+def _draw(ax, rows: list[dict]) -> None:
     for b in sorted({r["batch"] for r in rows}):
         sub = [r for r in rows if r["batch"] == b]
         line = ax.plot([r["k"] for r in sub], [r["speedup"] for r in sub], "o-", label=f"batch {b} measured")[0]
@@ -199,8 +192,6 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
     ax.set_xlabel("k (draft tokens per step)")
     ax.set_ylabel("speedup over plain decoding")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(args.out.with_suffix(".png"), dpi=120)
 
 
 if __name__ == "__main__":

@@ -26,14 +26,13 @@ import time
 from pathlib import Path
 
 import torch
-from report import fmt, median
+from report import fmt, median, results_dir, table, write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # vLLM's inputs, built as the tests do
 from _sampler_inputs import sampling_metadata, spec_metadata  # noqa: E402
 
 from vllm_hetero_spec.verify.sampler import BatchRows  # noqa: E402
 
-OUT = Path(__file__).parent / "results"
 VOCAB = 151936
 SUPPORT = 39234  # SmolLM2-135M -> Qwen2.5: distinct target ids of the vocabulary intersection
 
@@ -119,7 +118,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=21)
-    parser.add_argument("--out", type=Path, default=OUT / "verify_speed")
+    parser.add_argument("--out", type=Path, default=results_dir() / "verify_speed",
+                        help="results path without suffix: <out>.json and <out>.md")
     args = parser.parse_args()
 
     from vllm.platforms.cpu import CpuPlatform
@@ -134,26 +134,20 @@ def main() -> None:
         print(json.dumps(r))
     meta = {"machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
             "vocab": VOCAB, "support": SUPPORT, "repeats": args.repeats}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [
-        "# Verification: our rejection sampler vs vLLM's",
-        "",
         f"One verification step, k = {args.k}, V = {VOCAB}; q compact on a {SUPPORT}-id support (ours) or dense "
         f"(vLLM's draft-model layout). Median of {args.repeats} runs; host MB = memory the step's ops allocate. "
         f"{torch.get_num_threads()} threads. `benchmarks/verify_speed.py`.",
         "",
-        "| batch | mode | ours ms | vLLM ms | ours / vLLM | ours host MB | vLLM host MB | q MB ours | q MB vLLM |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *table(["batch", "mode", "ours ms", "vLLM ms", "ours / vLLM", "ours host MB", "vLLM host MB", "q MB ours",
+                "q MB vLLM"],
+               ([r["batch"], r["mode"], fmt(r["ours_ms"], ".2f"), fmt(r["vllm_ms"], ".2f"), f"{fmt(r['ratio'], '.2f')}x",
+                 fmt(r["ours_host_mb"], ".1f"), fmt(r["vllm_host_mb"], ".1f"), fmt(r["q_mb_ours"], ".1f"),
+                 fmt(r["q_mb_vllm"], ".1f")] for r in rows)),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['batch']} | {r['mode']} | {fmt(r['ours_ms'], '.2f')} | {fmt(r['vllm_ms'], '.2f')} | "
-            f"{fmt(r['ratio'], '.2f')}x | {fmt(r['ours_host_mb'], '.1f')} | {fmt(r['vllm_host_mb'], '.1f')} | "
-            f"{fmt(r['q_mb_ours'], '.1f')} | {fmt(r['q_mb_vllm'], '.1f')} |"
-        )
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    title = "Verification: our rejection sampler vs vLLM's"
+    write_report(args.out.name, {"meta": meta, "rows": rows}, lines, title=title, out=args.out.parent)
+    print("\n".join([f"# {title}", "", *lines]))
 
 
 if __name__ == "__main__":
