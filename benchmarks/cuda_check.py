@@ -23,13 +23,13 @@ the target vocabulary (``drafter/sampling.py``, ``drafter/token_level.py``). Fou
     PYTHONPATH=.:tests python3 benchmarks/cuda_check.py --out DIR     # on a CUDA machine
     .venv/bin/python benchmarks/cuda_check.py --device cpu --samples 20000 --no-timings  # the checks on CPU
 
-Writes ``cuda_check.{json,md}`` to ``--out`` (default ``benchmarks/results``).
+Writes ``cuda_check.{json,md}`` to ``--out`` (default ``benchmarks/results``), through
+``benchmarks/report.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -40,9 +40,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from _stats import follows_pvalue  # noqa: E402
+from report import results_dir, write_report  # noqa: E402
 
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample  # noqa: E402
 from vllm_hetero_spec.drafter.token_level import TOKEN_LEVEL, draft_step  # noqa: E402
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seeds", type=int, default=20, help="verification steps compared with the CPU")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--no-timings", action="store_true")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--out", type=Path, default=results_dir())
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     inter = intersection(DRAFT_V, TARGET_V)
@@ -337,9 +338,7 @@ def main(argv: list[str] | None = None) -> dict:
         "timings": None if args.no_timings else timings(device, inter, args.reps),
     }
     result["ok"] = all(result[part]["ok"] for part in ("agreement", "no_sync", "lossless"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cuda_check.json").write_text(json.dumps(result, indent=1))
-    (args.out / "cuda_check.md").write_text(markdown(result))
+    write_report("cuda_check", result, markdown(result), out=args.out, indent=1)
     print(markdown(result))
     return result
 

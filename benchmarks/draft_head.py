@@ -13,23 +13,17 @@ size, for each target the project ships:
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
-from pathlib import Path
 
 import torch
 from drafter_speed import time_runtime
-from report import median
+from report import median, meta as run_meta, table, write_report
 from transformers import AutoTokenizer
 
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
 from hetero_harness.models import ensure_model
 from vllm_hetero_spec.vocab.intersection import VocabIntersection
 from vllm_hetero_spec.vocab.token_bytes import token_bytes_table
-
-OUT = Path(__file__).parent / "results"
-
 
 def matmul_s(x: torch.Tensor, weight: torch.Tensor, repeats: int = 50) -> float:
     """Seconds per ``x @ weight.T`` (after three untimed calls)."""
@@ -65,10 +59,7 @@ def main() -> None:
                          "forward_ms": 1e3 * forward, "head_ms": 1e3 * full, "pruned_head_ms": 1e3 * pruned,
                          "saving": (full - pruned) / forward})
             print(rows[-1], flush=True)
-    meta = {"args": vars(args), "machine": f"{platform.machine()} {platform.processor()}",
-            "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d")}
-    OUT.mkdir(exist_ok=True)
-    (OUT / "draft_head.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    meta = run_meta(args, threads=torch.get_num_threads())
     lines = [
         f"Draft model {args.draft} ({args.dtype}, vocabulary {head.shape[0]:,}), {torch.get_num_threads()} threads; "
         "one decode token per request over a 256-token context; the output matmul timed alone, over the whole "
@@ -76,13 +67,12 @@ def main() -> None:
         "their number only). Medians of 3. `benchmarks/draft_head.py`, "
         f"{meta['date']}.",
         "",
-        "| batch | target | shared tokens | draft forward ms | output layer ms | pruned ms | saving per draft forward |",
-        "|---|---|---|---|---|---|---|",
+        *table(["batch", "target", "shared tokens", "draft forward ms", "output layer ms", "pruned ms",
+                "saving per draft forward"],
+               ([r["batch_size"], r["target"], f"{r['shared_tokens']:,}", f"{r['forward_ms']:.1f}",
+                 f"{r['head_ms']:.2f}", f"{r['pruned_head_ms']:.2f}", f"{r['saving']:.1%}"] for r in rows)),
     ]
-    for r in rows:
-        lines.append(f"| {r['batch_size']} | {r['target']} | {r['shared_tokens']:,} | {r['forward_ms']:.1f} | "
-                     f"{r['head_ms']:.2f} | {r['pruned_head_ms']:.2f} | {r['saving']:.1%} |")
-    (OUT / "draft_head.md").write_text("\n".join(lines) + "\n")
+    write_report("draft_head", {"meta": meta, "rows": rows}, lines)
     print("\n".join(lines))
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -28,12 +26,11 @@ import time
 from pathlib import Path
 
 import torch
-from report import median
+from report import median, meta as run_meta, table, write_report
 
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
 from hetero_harness.models import ensure_model
 
-OUT = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 LEGACY_COMMIT = "465d77b"  # the last commit with the transformers drafter
 LEGACY_FILES = ("runtime.py", "kv_cache.py", "varlen_attention.py")
@@ -96,26 +93,20 @@ def main() -> None:
                 "new_ms_per_draft_token": 1e3 * t_new / b, "speedup": t_old / t_new,
             })
             print(rows[-1], flush=True)
-    OUT.mkdir(exist_ok=True)
-    meta = {"args": vars(args), "machine": f"{platform.machine()} {platform.processor()}",
-            "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d")}
-    (OUT / f"{args.name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    meta = run_meta(args, threads=torch.get_num_threads())
     lines = [
         f"Draft model {args.draft}; the old (transformers) drafter in float32, the vLLM-native one in the dtype "
         f"shown; {torch.get_num_threads()} threads, {args.context}-token contexts, one decode token per request per "
         f"forward, median of {args.repeats} x {args.steps} forwards. `benchmarks/drafter_speed.py`; "
         f"machine: {meta['machine']}, {meta['date']}.",
         "",
-        "| batch | new dtype | transformers drafter ms/forward | vLLM-native drafter ms/forward | old ms/draft token "
-        "| new ms/draft token | speedup |",
-        "|---|---|---|---|---|---|---|",
+        *table(["batch", "new dtype", "transformers drafter ms/forward", "vLLM-native drafter ms/forward",
+                "old ms/draft token", "new ms/draft token", "speedup"],
+               ([r["batch_size"], r["new_dtype"], f"{r['old_ms_per_forward']:.1f}", f"{r['new_ms_per_forward']:.1f}",
+                 f"{r['old_ms_per_draft_token']:.2f}", f"{r['new_ms_per_draft_token']:.2f}", f"{r['speedup']:.2f}x"]
+                for r in rows)),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['batch_size']} | {r['new_dtype']} | {r['old_ms_per_forward']:.1f} | {r['new_ms_per_forward']:.1f} | "
-            f"{r['old_ms_per_draft_token']:.2f} | {r['new_ms_per_draft_token']:.2f} | {r['speedup']:.2f}x |"
-        )
-    (OUT / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    write_report(args.name, {"meta": meta, "rows": rows}, lines)
     print("\n".join(lines))
 
 

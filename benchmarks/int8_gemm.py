@@ -17,15 +17,11 @@ Writes benchmarks/results/int8_gemm.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
-from pathlib import Path
 
 import torch
-from report import median
+from report import median, meta as run_meta, table, write_report
 
-OUT = Path(__file__).parent / "results"
 LAYERS = 30
 # (in, out) of one decoder layer's linear layers: qkv, o, gate_up, down.
 LAYER_SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
@@ -75,18 +71,18 @@ def to_markdown(results: list[dict], meta: dict) -> str:
         f"scales), {meta['threads']} threads, medians. Per forward = {LAYERS} layers + the output layer. "
         f"`benchmarks/int8_gemm.py`; machine: {meta['machine']} (flags: {meta['flags']}), {meta['date']}.",
         "",
-        "| rows | per forward float32 ms | per forward int8 ms | int8 / float32 | output layer float32 ms | "
-        "output layer int8 ms | int8 relative error |",
-        "|---|---|---|---|---|---|---|",
     ]
+    body = []
     for rows in sorted({r["rows"] for r in results}):
         mine = [r for r in results if r["rows"] == rows]
         head = next(r for r in mine if (r["k"], r["n"]) == HEAD)
         f32 = sum(r["float32_ms"] * (1 if r is head else LAYERS) for r in mine)
         i8 = sum(r["int8_ms"] * (1 if r is head else LAYERS) for r in mine)
         err = max(r["int8_rel_error"] for r in mine)
-        lines.append(f"| {rows} | {f32:.1f} | {i8:.1f} | {i8 / f32:.1f}x | {head['float32_ms']:.2f} | "
-                     f"{head['int8_ms']:.2f} | {err:.3f} |")
+        body.append([rows, f"{f32:.1f}", f"{i8:.1f}", f"{i8 / f32:.1f}x", f"{head['float32_ms']:.2f}",
+                     f"{head['int8_ms']:.2f}", f"{err:.3f}"])
+    lines += table(["rows", "per forward float32 ms", "per forward int8 ms", "int8 / float32",
+                    "output layer float32 ms", "output layer int8 ms", "int8 relative error"], body)
     return "\n".join(lines) + "\n"
 
 
@@ -103,11 +99,8 @@ def main() -> None:
     from vllm_hetero_spec.drafter.draft_dtype import cpu_flags
 
     flags = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "f16c")))
-    meta = {"machine": f"{platform.machine()} {platform.processor()}", "flags": " ".join(flags),
-            "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "args": vars(args)}
-    OUT.mkdir(exist_ok=True)
-    (OUT / "int8_gemm.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    (OUT / "int8_gemm.md").write_text(to_markdown(results, meta))
+    meta = run_meta(args, flags=" ".join(flags), threads=args.threads)
+    write_report("int8_gemm", {"meta": meta, "results": results}, to_markdown(results, meta))
     print(to_markdown(results, meta))
 
 

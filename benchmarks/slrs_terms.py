@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from report import table, write_report
 
 from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
 from vllm_hetero_spec.drafter.sampling import SamplingRows
@@ -36,9 +37,6 @@ from hetero_harness.models import ensure_model
 from hetero_harness.prompts import chat_prompts, spec_bench_questions
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
-
-OUT = Path(__file__).parent / "results"
-
 
 def static_counts(draft: SortedStrings, target: SortedStrings) -> dict[str, np.ndarray]:
     """Per target string: segmentations, minimal extensions, exact-psi nodes."""
@@ -134,9 +132,7 @@ def main() -> None:
             entry["runtime"] = runtime_counts(bridge, draft_path, target_path, args.contexts, args.steps)
         results[spec] = entry
         print(spec, json.dumps(entry, indent=1), flush=True)
-    OUT.mkdir(exist_ok=True)
-    (OUT / "slrs_terms.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
-    (OUT / "slrs_terms.md").write_text(to_markdown(results, args))
+    write_report("slrs_terms", {"args": vars(args), "results": results}, to_markdown(results, args))
     print(to_markdown(results, args))
 
 
@@ -145,26 +141,19 @@ def to_markdown(results: dict, args: argparse.Namespace) -> str:
         "Static: per target token (all of them). Run time: slrs defaults (slrs_max_nodes 32, slrs_candidates 8, "
         f"slrs_min_prob 0.001), T = 1, {args.contexts} Spec-Bench prompts x {args.steps} steps.",
         "",
-        "| pair (draft:target) | per target token | median | p90 | p99 | max | share zero |",
-        "|---|---|---|---|---|---|---|",
+        *table(["pair (draft:target)", "per target token", "median", "p90", "p99", "max", "share zero"],
+               ([spec, name.replace("_", " "), f"{s['median']:.0f}", f"{s['p90']:.0f}", f"{s['p99']:.0f}",
+                 f"{s['max']:.3g}", f"{s['zero_share']:.1%}"]
+                for spec, entry in results.items()
+                for name in ("segmentations", "minimal_extensions", "nodes") for s in [entry[name]])),
+        "",
+        *table(["pair", "steps", "nodes / step (median, mean, max)", "capped candidates / step",
+                "coverage (median, mean)", "ms / step"],
+               ([spec, r["steps"], f"{r['nodes_median']:.0f}, {r['nodes_mean']:.1f}, {r['nodes_max']}",
+                 f"{r['capped_per_step']:.2f}", f"{r['coverage_median']:.2f}, {r['coverage_mean']:.2f}",
+                 f"{r['ms_per_step_median']:.0f}"]
+                for spec, entry in results.items() for r in [entry.get("runtime")] if r)),
     ]
-    for spec, entry in results.items():
-        for name in ("segmentations", "minimal_extensions", "nodes"):
-            s = entry[name]
-            lines.append(
-                f"| {spec} | {name.replace('_', ' ')} | {s['median']:.0f} | {s['p90']:.0f} | "
-                f"{s['p99']:.0f} | {s['max']:.3g} | {s['zero_share']:.1%} |"
-            )
-    lines += ["", "| pair | steps | nodes / step (median, mean, max) | capped candidates / step | coverage (median, mean) | ms / step |",
-              "|---|---|---|---|---|---|"]
-    for spec, entry in results.items():
-        r = entry.get("runtime")
-        if r:
-            lines.append(
-                f"| {spec} | {r['steps']} | {r['nodes_median']:.0f}, {r['nodes_mean']:.1f}, {r['nodes_max']} | "
-                f"{r['capped_per_step']:.2f} | {r['coverage_median']:.2f}, {r['coverage_mean']:.2f} | "
-                f"{r['ms_per_step_median']:.0f} |"
-            )
     return "\n".join(lines) + "\n"
 
 
