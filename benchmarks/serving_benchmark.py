@@ -17,7 +17,7 @@ servers do not fit beside each other in 24 GB with their drafters).
     .venv/bin/python benchmarks/serving_benchmark.py --concurrency 1 4 --temperatures 0 --min-requests 4 \
         --warmups 1                                                    # ~27 min
 
-Writes benchmarks/results/<name>.{json,md,png} (``--name``, default ``serving_v2``).
+Writes benchmarks/results/<name>.{json,md,png} (``--name``, default ``serving``).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def cell_list(args: argparse.Namespace) -> list[tuple[float, int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--name", default="serving_v2")
+    ap.add_argument("--name", default="serving")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="smollm2-135m", help="vLLM's built-in drafter (ours: the shipped config's)")
     ap.add_argument("-k", type=int, default=4, help="vLLM's built-in draft length (the shipped config's is 4)")
