@@ -20,7 +20,7 @@ from drafter_speed import time_runtime
 from report import median, meta as run_meta, table, write_report
 from transformers import AutoTokenizer
 
-from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
+from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime, RuntimeConfig
 from hetero_harness.models import ensure_model
 from vllm_hetero_spec.vocab.intersection import VocabIntersection
 from vllm_hetero_spec.vocab.token_bytes import token_bytes_table

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from report import median, meta as run_meta, table, write_report
 
-from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
+from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime, RuntimeConfig
 from hetero_harness.models import ensure_model
 
 ROOT = Path(__file__).resolve().parent.parent

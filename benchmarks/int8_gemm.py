@@ -96,7 +96,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     results = [time_shape(rows, k, n, args.calls, args.repeats)
                for rows in args.rows for k, n in LAYER_SHAPES + [HEAD]]
-    from vllm_hetero_spec.drafter.draft_dtype import cpu_flags
+    from vllm_hetero_spec.drafter.runtime.draft_dtype import cpu_flags
 
     flags = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "f16c")))
     meta = run_meta(args, flags=" ".join(flags), threads=args.threads)

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from report import table, write_report
 
-from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
+from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime, RuntimeConfig
 from vllm_hetero_spec.drafter.sampling import SamplingRows
-from vllm_hetero_spec.drafter.slrs import StringLevelProposer
+from vllm_hetero_spec.drafter.strategies.slrs.proposer import StringLevelProposer
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import chat_prompts, spec_bench_questions
 from vllm_hetero_spec.vocab.bridge import VocabBridge

@@ -6,7 +6,7 @@ copy. Measured on an H100 (``benchmarks/cuda_check.py``): ``SamplingRows.build``
 way was flagged by ``torch.cuda.set_sync_debug_mode("error")``. Per step it would tie
 the drafter's and the verifier's host work to the end of the target's queued forward.
 vLLM stages its own inputs in pinned memory and copies them asynchronously; this does
-the same for ours (drafter/input_staging.py does it with persistent buffers for the
+the same for ours (drafter/runtime/input_staging.py does it with persistent buffers for the
 draft forwards' inputs).
 """
 

@@ -3,7 +3,7 @@
 vLLM calls :meth:`HeteroProposer.propose` after each verification step with the rows of
 its persistent batch. We read what the drafter needs from the runner (committed tokens,
 sampling settings), hand it to the configured executor -- the drafting engine in this
-process, or a Ray actor on CPU cores (``drafter/executors.py``) -- and lay its answer
+process, or a Ray actor on CPU cores (``drafter/placement/executors.py``) -- and lay its answer
 out the way vLLM and our rejection sampler read it: the proposals for vLLM, and one
 :class:`VerifyPlan` per step for the sampler (q in compact form, which requests are
 greedy, ``union``'s forced rejections, ``fsd``'s thresholds), which the runner's propose
@@ -31,15 +31,15 @@ import numpy as np
 import torch
 from vllm.config import VllmConfig
 
-from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings, request_fsd_threshold
-from vllm_hetero_spec.drafter.budget import make_budget
-from vllm_hetero_spec.drafter.cuda_graphs import resolve_graph_sizes
+from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
-from vllm_hetero_spec.drafter.executors import DraftExecutor, make_executor
-from vllm_hetero_spec.drafter.pool_size import engine_pool_mb
-from vllm_hetero_spec.drafter.rule_choice import RuleChooser
+from vllm_hetero_spec.drafter.placement.executors import DraftExecutor, make_executor
+from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runtime_config
+from vllm_hetero_spec.drafter.strategies.registry import forward_only_rules, request_threshold, verify_divergence
 from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.metrics import MetricsBoard
+from vllm_hetero_spec.policy.budget import make_budget
+from vllm_hetero_spec.policy.rule_choice import RuleChooser
 from vllm_hetero_spec.verify.plan import VerifyPlan
 
 logger = plugin_logger(__name__)
@@ -74,10 +74,14 @@ class HeteroProposer:
         self._broadcast = self._tp is not None and self.settings.executor == "ray"
         self._check_ranks = self._tp is not None and os.environ.get(CHECK_RANKS_ENV) == "1"
         self.executor: DraftExecutor | None = None
+        self.runtime_config: RuntimeConfig | None = None  # resolved when the drafter loads
+        # fsd's divergence test, when a rule of this engine verifies with one.
+        self.divergence = verify_divergence(self.settings)
         # How many tokens each request drafts this step (0 included): chosen where the
         # drafts are made (rank 0 with Ray) and, in process under TP, sent from rank 0
         # so that every rank drafts the same lengths.
-        self.budget = make_budget(self.settings.draft_budget, self.k, self.settings.min_speculative_tokens)
+        self.budget = make_budget(self.settings.draft_budget, self.k, self.settings.min_speculative_tokens,
+                                  forward_only_rules())
         # algorithm: auto -- each request's rule per step, chosen (and shared) like its length.
         self.rules: RuleChooser | None = None
         if self.settings.algorithm == "auto":
@@ -144,16 +148,12 @@ class HeteroProposer:
         if self.executor is not None or (self._broadcast and self._tp.rank_in_group != 0):
             return
         model_config = self._vllm_config.model_config
-        if self.settings.draft_kv_pool_mb == "auto":
-            self.settings = dataclasses.replace(self.settings, draft_kv_pool_mb=self._auto_pool_mb())
-        # The Ray actor drafts on CPU cores: no graphs there, whatever the target does.
-        device_type = "cpu" if self.settings.executor == "ray" else self._vllm_config.device_config.device.type
-        sizes = resolve_graph_sizes(self.settings.draft_cuda_graphs, self._vllm_config.compilation_config,
-                                    model_config.enforce_eager, device_type)
-        logger.info("hetero spec: draft CUDA graphs %s", f"at sizes {list(sizes)}" if sizes else "off (eager)")
-        self.settings = dataclasses.replace(self.settings, draft_cuda_graphs=list(sizes) or False)
-        self.executor = make_executor(self.settings, model_config.tokenizer, self.target_vocab, int(model_config.seed or 0),
-                                      self._vllm_config.scheduler_config.max_num_batched_tokens)
+        # The Ray actor drafts on CPU cores, whatever the target's device.
+        device_type = "cpu" if self.settings.executor == "ray" else None
+        self.runtime_config, why = resolve_runtime_config(self.settings, self._vllm_config, device_type)
+        logger.info("hetero spec: drafter runtime: %s", "; ".join(f"{key} {text}" for key, text in why.items()))
+        self.executor = make_executor(self.settings, self.runtime_config, model_config.tokenizer, self.target_vocab,
+                                      int(model_config.seed or 0))
 
     def capture_graphs(self) -> int:
         """Capture the drafter's CUDA graphs; vLLM's runner calls this in its own capture
@@ -172,14 +172,6 @@ class HeteroProposer:
         ``max_num_batched_tokens`` would cost seconds of start-up."""
         if self.executor is not None and self._vllm_config.device_config.device.type != "cpu":
             self.executor.profile(num_tokens, num_rows)
-
-    def _auto_pool_mb(self) -> int:
-        """``draft_kv_pool_mb: auto`` for this engine (``drafter/pool_size.py``), logged."""
-        settings = self.settings
-        size, why = engine_pool_mb(self._vllm_config, settings.draft_model, getattr(torch, settings.draft_dtype),
-                                   settings.max_draft_tokens or self.k)
-        logger.info("hetero spec: draft KV pool %d MiB (%s)", size, why)
-        return size
 
     def drop_request(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
@@ -289,13 +281,12 @@ class HeteroProposer:
         if p is None:
             return RequestParams()
         tau = self.settings.fsd_threshold
-        if self.settings.algorithm == "fsd":
-            try:
-                tau = request_fsd_threshold(p.extra_args, tau)
-            except ValueError as err:
-                # The front end rejects bad values (request_validation.py); a request that
-                # bypassed it must not take the engine down: keep the configured tau.
-                logger.warning("request %s: %s; using fsd_threshold=%s", req_id, err, tau)
+        try:
+            tau = request_threshold(self.settings, p.extra_args)
+        except ValueError as err:
+            # The front end rejects bad values (request_validation.py); a request that
+            # bypassed it must not take the engine down: keep the configured tau.
+            logger.warning("request %s: %s; using fsd_threshold=%s", req_id, err, tau)
         return RequestParams(float(p.temperature), int(p.top_k or 0), float(p.top_p), p.seed, tau)
 
     def _grammar_cut(self, req_id: str) -> bool:
@@ -316,7 +307,7 @@ class HeteroProposer:
         self._plan = None
         if drafts is None:
             return
-        fsd = self.settings.algorithm == "fsd"
+        fsd = drafts.fsd_threshold is not None
         plan = VerifyPlan(
             drafts.q, {}, set(), {}, {} if fsd else None, self.settings.fsd_divergence, self.settings.fsd_topk
         )
@@ -328,7 +319,7 @@ class HeteroProposer:
                 plan.one_hot.add(req_id)
             if i in drafts.force_reject:
                 plan.force_reject[req_id] = drafts.force_reject[i]
-            if fsd and drafts.fsd_threshold is not None:
+            if fsd:
                 plan.fsd_threshold[req_id] = drafts.fsd_threshold[i]
         self._plan = plan
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from transformers import AutoConfig
@@ -10,11 +9,9 @@ from transformers import AutoConfig
 from vllm_hetero_spec.config import (
     ADDITIONAL_CONFIG_KEY,
     HeteroConfigError,
-    HeteroSettings,
     is_hetero,
     parse_settings,
 )
-from vllm_hetero_spec.drafter.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
 from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 
@@ -36,19 +33,10 @@ def _check_architecture(model: str, architectures: list[str]) -> None:
         )
 
 
-def _with_draft_dtype(settings: HeteroSettings, target_model_config: Any) -> HeteroSettings:
-    """The settings with ``draft_dtype: auto`` resolved (``drafter/draft_dtype.py``), logged."""
-    dtype, why = resolve_draft_dtype(settings.draft_dtype, target_model_config.dtype, platform_device_type(),
-                                     cpu_flags())
-    logger.info("hetero spec: draft dtype %s (%s)", dtype, why)
-    return dataclasses.replace(settings, draft_dtype=dtype)
-
-
 def prepare(spec: dict[str, Any], target_model_config: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Validate a ``method: hetero`` spec against the target; return the
     ``additional_config`` entries for the workers and the spec dict for vLLM."""
     settings, vllm_spec = parse_settings(spec)
-    settings = _with_draft_dtype(settings, target_model_config)
     try:
         draft_cfg = AutoConfig.from_pretrained(settings.draft_model)
     except Exception as e:  # transformers raises many types for a bad folder

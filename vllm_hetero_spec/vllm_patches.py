@@ -184,11 +184,9 @@ def _patch_model_runner() -> None:
         drafter = _hetero_drafter(self)
         if drafter is not None:
             drafter.attach_runner(self)
-            settings = drafter.settings
-            fsd = (settings.fsd_divergence, settings.fsd_topk) if settings.algorithm == "fsd" else None
             self.rejection_sampler = HeteroRejectionSampler(
                 self.sampler, self.speculative_config, self.device, batch_rows=lambda: _batch_rows(self.input_batch),
-                fsd=fsd,
+                fsd=drafter.divergence,
             )
 
     propose = GPUModelRunner.propose_draft_token_ids

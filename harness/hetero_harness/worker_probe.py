@@ -57,9 +57,9 @@ class JobProbe:
         """The runner's call times and, when our drafter runs here, its statistics."""
         out: dict[str, Any] = {"runner_calls": {name: list(calls) for name, calls in _CALLS.items()}}
         drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
-        settings = getattr(drafter, "settings", None)
-        if settings is not None:
-            out["draft_dtype"] = settings.draft_dtype
+        runtime = getattr(drafter, "runtime_config", None)
+        if runtime is not None:
+            out["draft_dtype"] = str(runtime.dtype).removeprefix("torch.")
         stats = getattr(drafter, "stats", None)
         if stats is not None:
             out["fallbacks"] = stats.fallbacks

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_hetero_spec.drafter.draft_dtype import cpu_flags, resolve_draft_dtype
+from vllm_hetero_spec.drafter.runtime.draft_dtype import cpu_flags, resolve_draft_dtype
 
 
 @pytest.mark.parametrize(

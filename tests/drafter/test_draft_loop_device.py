@@ -22,11 +22,11 @@ from _device_traffic import DeviceTraffic, Traffic
 from _graph_config import graph_config
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter import engine as engine_module
-from vllm_hetero_spec.drafter import input_staging
+from vllm_hetero_spec.drafter.runtime import input_staging
 from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
-from vllm_hetero_spec.drafter.cuda_graphs import DraftGraphs
-from vllm_hetero_spec.drafter.paged_kv import BlockPool
-from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
+from vllm_hetero_spec.drafter.runtime.cuda_graphs import DraftGraphs
+from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool
+from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime, RuntimeConfig
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 
 CUDA = torch.device("cuda")

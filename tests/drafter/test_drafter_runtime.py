@@ -1,4 +1,4 @@
-"""The vLLM-native drafter (``drafter/runtime.py``) on real models.
+"""The vLLM-native drafter (``drafter/runtime/model.py``) on real models.
 
 - Its logits equal the transformers reference (float32: 1e-4, or 1e-5 of the logits'
   range where that is larger) for packed, chunked and decode forwards over several
@@ -16,8 +16,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from vllm_hetero_spec.drafter.paged_kv import PoolExhausted, TokenTree
-from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
+from vllm_hetero_spec.drafter.runtime.paged_kv import PoolExhausted, TokenTree
+from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime, RuntimeConfig
 
 TOL = 1e-4
 
@@ -164,7 +164,7 @@ def test_the_pool_sizing_counts_what_the_runtime_allocates(smollm2: str, smollm2
     same bytes the runtime's vLLM KV specs give a block."""
     from transformers import AutoConfig
 
-    from vllm_hetero_spec.drafter.pool_size import draft_bytes_per_token
+    from vllm_hetero_spec.drafter.runtime.pool_size import draft_bytes_per_token
 
     pool = smollm2_runtime.pool
     assert pool.bytes_per_block == draft_bytes_per_token(AutoConfig.from_pretrained(smollm2), torch.float32) * (
@@ -173,13 +173,13 @@ def test_the_pool_sizing_counts_what_the_runtime_allocates(smollm2: str, smollm2
 
 def test_padded_forwards_are_exact(smollm2_runtime: DraftModelRuntime) -> None:
     """What a CUDA graph replay computes, on the real model and vLLM's CPU attention:
-    forwards padded to a bucket (``drafter/cuda_graphs.py``: padding tokens reuse
+    forwards padded to a bucket (``drafter/runtime/cuda_graphs.py``: padding tokens reuse
     earlier ids and positions, with KV slot -1) give the logits of the same forwards
     unpadded, and write no KV but their own tokens' (a padding write into a live
     sequence's slot would change every later step's logits)."""
     from _graph_config import graph_config
 
-    from vllm_hetero_spec.drafter.cuda_graphs import DraftGraphs
+    from vllm_hetero_spec.drafter.runtime.cuda_graphs import DraftGraphs
 
     rt = smollm2_runtime
     ids = _ids(40, 3)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from vllm.config import CompilationConfig, CUDAGraphMode
 
-from vllm_hetero_spec.drafter.cuda_graphs import graph_compilation_config, resolve_graph_sizes
+from vllm_hetero_spec.drafter.runtime.cuda_graphs import graph_compilation_config, resolve_graph_sizes
 
 
 def _target(mode: CUDAGraphMode, sizes: list[int]) -> CompilationConfig:
@@ -47,7 +47,7 @@ def test_a_compiled_drafter_compiles_for_every_forward(smollm2: str) -> None:
     """vLLM compiles for token counts up to its ``max_num_batched_tokens`` and asserts on
     a larger forward, so a compiled drafter's budget is the runtime's forward cap (the
     target's ``max_num_batched_tokens``), not vLLM's default."""
-    from vllm_hetero_spec.drafter.runtime import RuntimeConfig, _draft_vllm_config
+    from vllm_hetero_spec.drafter.runtime.model import RuntimeConfig, _draft_vllm_config
 
     vc = _draft_vllm_config(RuntimeConfig(smollm2, graph_sizes=(1, 2, 4), max_forward_tokens=3000))
     assert vc.scheduler_config.max_num_batched_tokens == 3000

@@ -22,7 +22,7 @@ from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
 from vllm.v1.worker.utils import allocate_kv_cache
 
-from vllm_hetero_spec.drafter.kv_layout import allocate_layer_caches
+from vllm_hetero_spec.drafter.runtime.kv_layout import allocate_layer_caches
 
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
 NUM_BLOCKS = 7

@@ -1,4 +1,4 @@
-"""Pipelined drafting (drafter/pipeline.py) on the real SmolLM2 drafter and Qwen
+"""Pipelined drafting (drafter/placement/pipeline.py) on the real SmolLM2 drafter and Qwen
 tokenizer, in process (the Ray actor runs the same object).
 
 A branch whose assumption came true must hand out what drafting at that moment would
@@ -19,8 +19,8 @@ from transformers import AutoTokenizer
 
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.engine import DraftEngine
-from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch
-from vllm_hetero_spec.drafter.pipeline import PipelinedDrafter, branch_count
+from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
+from vllm_hetero_spec.drafter.placement.pipeline import PipelinedDrafter, branch_count
 from hetero_harness.prompts import BRIDGE_STRESS
 
 TARGET_VOCAB = 151936
@@ -57,7 +57,7 @@ def _engine(engines: dict, smollm2: str, qwen05: str, algorithm: str, role: str)
         engines[key] = DraftEngine(settings, qwen05, TARGET_VOCAB)
     engine = engines[key]
     engine.reset()
-    engine.stats = DrafterStats()
+    engine.stats.__init__()  # zeroed in place: the engine's strategies hold this object
     return engine
 
 

@@ -1,4 +1,4 @@
-"""``draft_kv_pool_mb: auto`` (``drafter/pool_size.py``): sized for the engine's batch
+"""``draft_kv_pool_mb: auto`` (``drafter/runtime/pool_size.py``): sized for the engine's batch
 at the drafter's longest context, capped at the target's explicit KV budget or a tenth
 of the device's memory."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoConfig
 
-from vllm_hetero_spec.drafter.pool_size import MiB, auto_pool_mb, draft_bytes_per_token, engine_pool_mb
+from vllm_hetero_spec.drafter.runtime.pool_size import MiB, auto_pool_mb, draft_bytes_per_token, engine_pool_mb
 
 
 def _vllm_config(max_num_seqs: int, max_model_len: int, kv_bytes: int | None) -> SimpleNamespace:

@@ -21,8 +21,8 @@ from vllm_hetero_spec import proposer as proposer_module
 from vllm_hetero_spec.drafter import engine as engine_module
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.messages import RequestParams
-from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache
-from vllm_hetero_spec.drafter.token_level import ABSENT_PLACEHOLDER
+from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool, PagedCache
+from vllm_hetero_spec.drafter.strategies.mapped_sampling import ABSENT_PLACEHOLDER
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 
 K = 4
@@ -93,7 +93,7 @@ def _proposer(
     config = SimpleNamespace(
         additional_config={"hetero_spec": settings.to_dict()},
         model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05, seed=0,
-                                     enforce_eager=False),
+                                     enforce_eager=False, dtype=torch.float32),
         compilation_config=CompilationConfig(), device_config=SimpleNamespace(device=torch.device("cpu")),
         scheduler_config=SimpleNamespace(max_num_batched_tokens=8192),
     )

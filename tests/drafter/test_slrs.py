@@ -13,7 +13,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from vllm_hetero_spec.drafter.string_level import PsiPlanner, TreeBuilder
+from vllm_hetero_spec.drafter.strategies.slrs.psi import PsiPlanner, TreeBuilder
 from vllm_hetero_spec.verify.rules import verify_block
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
 

@@ -11,7 +11,7 @@ import logging
 import pytest
 
 MODULES = ("vllm_hetero_spec.proposer", "vllm_hetero_spec.startup", "vllm_hetero_spec.vllm_patches",
-           "vllm_hetero_spec.drafter.ray_executor")
+           "vllm_hetero_spec.drafter.placement.ray_executor")
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from vllm_hetero_spec.drafter.budget import AdaptiveBudget, FixedBudget, LinearFit, TargetCost, make_budget
+from vllm_hetero_spec.drafter.strategies.registry import forward_only_rules
+from vllm_hetero_spec.policy.budget import AdaptiveBudget, FixedBudget, LinearFit, TargetCost, make_budget
 
 
 @dataclass
@@ -384,7 +385,7 @@ def test_a_new_request_with_a_long_prompt_still_drafts_at_batch_1() -> None:
 def test_drafting_cost_is_fitted_per_set_of_rules() -> None:
     """auto alternating a cheap rule and a dear one (slrs's psi tree): each keeps its own
     cost, so the cheap one is not priced out of drafting by the other's."""
-    policy = AdaptiveBudget(4)
+    policy = AdaptiveBudget(4, forward_rules=forward_only_rules())
     now = 0.0
     for step in range(40):
         rule, cost = ("tli", 0.05) if step % 2 else ("slrs", 0.5)
@@ -402,7 +403,7 @@ def test_rules_drafting_by_forwards_share_the_cost_of_a_token() -> None:
     (a token costs both rules one drafter forward) they price slem at k = 3 right, each
     rule keeping its own fixed cost."""
     rng = np.random.default_rng(3)
-    policy = AdaptiveBudget(4)
+    policy = AdaptiveBudget(4, forward_rules=forward_only_rules())
     per_token, fixed = {"slem": 0.060, "tli": 0.060}, {"slem": 0.010, "tli": 0.020}
     now = 0.0
     for step in range(60):

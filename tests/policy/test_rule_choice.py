@@ -1,4 +1,4 @@
-"""``algorithm: auto``'s choice of rule (drafter/rule_choice.py), on a simulated engine:
+"""``algorithm: auto``'s choice of rule (policy/rule_choice.py), on a simulated engine:
 each rule emits tokens at a known rate, and the chooser must find the faster one per
 kind of request, follow a change, and learn only from steps that say something."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from vllm_hetero_spec.drafter.rule_choice import RuleChooser
+from vllm_hetero_spec.policy.rule_choice import RuleChooser
 
 
 class Sim:

@@ -4,7 +4,7 @@ The draft and target vocabularies are different sets of strings over the alphabe
 ``abcde``: shared strings, draft-only strings (union must reject them), target-only
 strings, and a draft special token with no text. Both models are first-order Markov
 chains over their own tokens (the target conditioned on the previous *target* token).
-Drafting runs through the engine's own code -- ``drafter.token_level.draft_step`` for
+Drafting runs through the engine's own code -- ``drafter.strategies.mapped_sampling.draft_step`` for
 ``tli``, ``fsd`` and ``union`` (with the proposer's rule that union stops after an absent
 token), and for ``slem`` / ``dtw`` (lossless) the draft text re-tokenized into target
 tokens and verified one-hot (both verify exactly that way; dtw only aligns differently).
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache
+from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool, PagedCache
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
-from vllm_hetero_spec.drafter.slrs import StringLevelProposer
-from vllm_hetero_spec.drafter.token_level import draft_step
+from vllm_hetero_spec.drafter.strategies.slrs.proposer import StringLevelProposer
+from vllm_hetero_spec.drafter.strategies.mapped_sampling import draft_step
 from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES, divergence
 from vllm_hetero_spec.verify.rules import PLACEHOLDER, FuzzyAcceptance, verify_block
 from vllm_hetero_spec.vocab.intersection import VocabIntersection

@@ -1,6 +1,6 @@
-"""The bookkeeping of one step's draft loop (``DraftEngine._draft`` runs it).
+"""One step's packed draft loop, shared by every rule: :func:`run_draft_loop`.
 
-It keeps the rows in the order the loop runs them (longest step count first), samples
+:class:`DraftLoop` keeps the rows in the order the loop runs them (longest step count first), samples
 each position through the algorithm's strategy, and turns what comes back to the host
 (the sampled ids, their probabilities, the token-level mapping, the stop rule's
 confidence) into per-request drafts. The same stop rules apply whether the host reads
@@ -11,18 +11,17 @@ its own token's probability drops below ``draft_stop_prob``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
+from vllm_hetero_spec.drafter.context import DraftContext
 from vllm_hetero_spec.drafter.messages import DraftOutput
+from vllm_hetero_spec.drafter.request_state import RequestState
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
+from vllm_hetero_spec.drafter.strategies.base import Strategy
 from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
-
-if TYPE_CHECKING:
-    from vllm_hetero_spec.drafter.engine import DraftEngine
-    from vllm_hetero_spec.drafter.proposals import StringLevel
 
 # Columns of a position's packed host record.
 _ID, _PROB, _TARGET, _ABSENT = 0, 1, 2, 3
@@ -33,23 +32,23 @@ def _is_prefix(live: list[int]) -> bool:
 
 
 class DraftLoop:
-    """One step's draft loop state for ``req_ids``, drafted with ``strategy`` (request
+    """One step's draft loop state for ``states``, drafted with ``strategy`` (request
     i drafts at most ``caps[i]`` target tokens of ``budget``). Loop positions ``j`` index the rows in
     loop order; results are kept by request index ``i``."""
 
-    def __init__(self, engine: DraftEngine, strategy: StringLevel, req_ids: list[str], caps: list[int],
+    def __init__(self, ctx: DraftContext, strategy: Strategy, states: list[RequestState], caps: list[int],
                  budget: int):
         self.strategy = strategy
         self.token_level = strategy.token_level
-        self.specials = engine.draft_specials
-        self.stop_prob = engine.settings.draft_stop_prob
-        self.n_draft = engine.intersection.draft_to_target.numel()
-        self.support = engine.intersection.support
+        self.specials = ctx.draft_specials
+        self.stop_prob = ctx.settings.draft_stop_prob
+        self.n_draft = ctx.intersection.draft_to_target.numel()
+        self.support = ctx.intersection.support
         steps = [strategy.draft_steps(c) for c in caps]
-        self.order = sorted(range(len(req_ids)), key=lambda i: -steps[i])
+        self.order = sorted(range(len(states)), key=lambda i: -steps[i])
         self.steps = [steps[i] for i in self.order]
-        self.states = [engine.states[req_ids[i]] for i in self.order]
-        n = len(req_ids)
+        self.states = [states[i] for i in self.order]
+        n = len(states)
         self.drafts: list[list[int]] = [[] for _ in range(n)]
         self.proposals: list[list[int]] = [[] for _ in range(n)]
         self.absent: list[list[bool]] = [[] for _ in range(n)]
@@ -62,7 +61,7 @@ class DraftLoop:
         self._prev_live: list[int] = []
         if not n:
             return
-        self.rows = engine.sampling_rows([req_ids[i] for i in self.order])
+        self.rows = ctx.sampling_rows(self.states)
         # Greedy rows verify by argmax, so their q is never read (fsd's divergence
         # excepted): decided from the host-side settings, no sync.
         self.keeps_q = [t >= GREEDY_EPS or strategy.greedy_reads_q for t in self.rows.host[0]]
@@ -70,7 +69,7 @@ class DraftLoop:
         # The q-keeping rows among a prefix of the loop's rows are a prefix of these.
         self._keepers = None
         if self.token_level and 0 < len(keepers) < n:
-            self._keepers = to_device(keepers, torch.long, engine.runtime.device)
+            self._keepers = to_device(keepers, torch.long, ctx.device)
 
     def rows_of(self, sampled: torch.Tensor, live: list[int]) -> torch.Tensor:
         """The previous position's samples ``[len(prev_live)]`` of the rows in ``live``."""
@@ -159,3 +158,48 @@ class DraftLoop:
             return DraftOutput(self.drafts, self.token_q, self.absent)
         q = DraftProbs(torch.cat(self.q_parts), self.support) if self.q_parts else None
         return DraftOutput(self.proposals, self.token_q, self.absent, q, self.q_index if q is not None else [])
+
+
+def run_draft_loop(
+    ctx: DraftContext, strategy: Strategy, states: list[RequestState], budget: int, caps: list[int], defer: bool,
+    stop: Callable[[], bool] | None = None,
+) -> DraftOutput:
+    """Run the packed draft loop: per request the proposals (draft ids for slem and
+    dtw, target ids for the token-level algorithms), each token's probability under
+    the distribution it was sampled from, and for the token-level algorithms the q
+    rows verification reads (compact, on the drafter's device: see
+    ``verify/draft_probs.py``) and which proposals the target lacks (union). Request
+    i drafts for at most ``caps[i]`` target tokens (each at most ``budget``).
+
+    Each position's samples feed the next forward on the device. Rows run in order
+    of their step count, longest first, so the rows still drafting at a position
+    are a prefix of the previous position's: the hand-over is a slice, with no
+    index from the host. What the host needs (the ids for the bridge, the stop
+    rules) comes back once per step when ``defer`` (an accelerator, where each read
+    would stall the loop): every row drafts its full length and the stop rules cut
+    the drafts afterwards. On the CPU a read costs nothing, so it happens every
+    position and a row that stops leaves the batch at once. ``stop`` ends the loop
+    early (shorter drafts are still valid drafts)."""
+    loop = DraftLoop(ctx, strategy, states, caps, budget)
+    if not states:
+        return loop.output()
+    n_steps = strategy.draft_steps(budget)
+    live = list(range(len(states)))
+    sampled: torch.Tensor | None = None
+    for step in range(n_steps):
+        caches = [loop.states[j].cache for j in live]
+        if step == 0:
+            logits = ctx.runtime.forward(caches, [s.pending() for s in loop.states])
+        else:
+            logits = ctx.runtime.forward_next(caches, loop.rows_of(sampled, live), step)
+        ctx.stats.draft_forwards += 1
+        sampled, packed, q_rows = loop.sample(logits, live)
+        if defer:
+            loop.defer(packed, live, q_rows)
+            live = [j for j in live if step + 1 < loop.steps[j]]
+        else:
+            live = loop.consume(packed.cpu().tolist(), live, q_rows, step)
+        if not live or (stop is not None and stop()):
+            break
+    loop.consume_deferred()
+    return loop.output()

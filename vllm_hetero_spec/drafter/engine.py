@@ -9,10 +9,11 @@ all requests at once, and (3) returns target-vocabulary proposals -- re-tokenize
 text for ``slem`` and ``dtw``, intersection-mapped ids with their exact draft
 distribution for the token-level algorithms (``tli``, ``fsd``, ``union``), and for
 ``slrs`` a first target token sampled from the drafter's string-level law psi
-(``drafter/slrs.py``) followed by re-tokenized draft text -- with what verification
+(``drafter/strategies/slrs/``) followed by re-tokenized draft text -- with what verification
 needs beyond the ids (q rows, ``union``'s forced rejections, ``fsd``'s thresholds).
 How a position is sampled and how proposals are assembled is a rule's strategy
-(``drafter/proposals.py``); the loop here is shared. With ``algorithm: auto`` each row
+(``drafter/strategies/``), which sees the engine only through a narrow
+:class:`DraftContext`; the draft loop (``drafter/draft_loop.py``) is shared. With ``algorithm: auto`` each row
 names its rule for the step (``RequestParams.rule``, chosen by the proposer): rows are
 drafted in one loop per rule, so a batch may mix rules and each row's proposals are
 exactly what its rule alone would give.
@@ -24,48 +25,25 @@ import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from vllm_hetero_spec.config import HeteroSettings
-from vllm_hetero_spec.drafter.draft_loop import DraftLoop
-from vllm_hetero_spec.drafter.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
-from vllm_hetero_spec.drafter.messages import DraftOutput, DrafterStats, RequestParams, StepBatch, StepDrafts
-from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted
-from vllm_hetero_spec.drafter.pool_size import STANDALONE_MB
-from vllm_hetero_spec.drafter.proposals import StringLevel, make_strategies
-from vllm_hetero_spec.drafter.runtime import DraftModelRuntime, RuntimeConfig
+from vllm_hetero_spec.drafter.context import DraftContext
+from vllm_hetero_spec.drafter.draft_loop import run_draft_loop
+from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
+from vllm_hetero_spec.drafter.request_state import RequestState
+from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runtime_config
+from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime
+from vllm_hetero_spec.drafter.runtime.paged_kv import PoolExhausted
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows, processed_probs, sample
+from vllm_hetero_spec.drafter.strategies.base import Strategy
+from vllm_hetero_spec.drafter.strategies.registry import make_strategies
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.retokenize import AlignedTokens, sync_batch
 
 _TARGET_TAIL = 4  # committed target tokens re-encoded with the draft text (slem)
-
-
-@dataclass
-class RequestState:
-    """What the drafter knows about one request between steps."""
-
-    text: bytearray
-    n_target: int
-    target_tail: list[int]
-    draft: AlignedTokens
-    cache: PagedCache
-    generator: torch.Generator | None
-    params: RequestParams
-
-    def fork(self) -> "RequestState":
-        """An independent copy (KV cache shared copy-on-write, tokenization and random
-        stream), so a speculative continuation can be drafted without touching this state."""
-        gen = None
-        if self.generator is not None:
-            gen = torch.Generator(device=self.generator.device).set_state(self.generator.get_state())
-        return RequestState(
-            bytearray(self.text), self.n_target, list(self.target_tail), self.draft.fork(),
-            self.cache.fork(), gen, self.params,
-        )
 
 
 def new_generator(device: torch.device, seed: int) -> torch.Generator:
@@ -79,39 +57,17 @@ def _engine_seed(seed: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def _concrete_pool_mb(value: int | str) -> int:
-    """``value``, or what ``auto`` means when no engine resolved it (``proposer.py``
-    sizes it from the engine's batch; a standalone drafter has none)."""
-    return STANDALONE_MB if value == "auto" else int(value)
-
-
-def _concrete_dtype(name: str) -> str:
-    """``name``, or what ``auto`` means here when no engine resolved it (start-up
-    resolves it against the target's dtype; a standalone drafter has none)."""
-    return resolve_draft_dtype(name, None, platform_device_type(), cpu_flags())[0]
-
-
-def _concrete_graph_sizes(value: bool | str | list[int]) -> tuple[int, ...]:
-    """The capture sizes ``value`` names; ``auto`` unresolved by an engine
-    (``proposer.py`` resolves it against the target's) means none: a standalone drafter
-    has no graph capture phase to join."""
-    return tuple(value) if isinstance(value, list) else ()
-
-
 class DraftEngine:
     """Draft state and drafting for every request of one engine."""
 
     def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0,
-                 max_forward_tokens: int = RuntimeConfig.max_forward_tokens):
+                 runtime: RuntimeConfig | None = None):
+        """``runtime``: the concrete runtime config the proposer resolved for its engine
+        (``None``: a drafter of its own, resolved here without a target)."""
         self.settings = settings
         self.seed = seed
         self.k = settings.num_speculative_tokens
-        self.runtime = DraftModelRuntime(
-            RuntimeConfig(settings.draft_model, getattr(torch, _concrete_dtype(settings.draft_dtype)),
-                          _concrete_pool_mb(settings.draft_kv_pool_mb),
-                          graph_sizes=_concrete_graph_sizes(settings.draft_cuda_graphs),
-                          max_forward_tokens=max_forward_tokens)
-        )
+        self.runtime = DraftModelRuntime(runtime or resolve_runtime_config(settings)[0])
         self.bridge = VocabBridge.build(settings.draft_tokenizer, target_tokenizer, self.runtime.vocab_size, target_vocab)
         self.intersection = self.bridge.intersection.to(self.runtime.device)
         self.target_vocab = target_vocab
@@ -122,13 +78,15 @@ class DraftEngine:
         # identically (the same batches in the same order), so their drafts agree.
         self.generator = new_generator(self.runtime.device, _engine_seed(seed))
         self.stats = DrafterStats()
-        self.draft_specials = {
-            tid for tid, b in enumerate(self.bridge.draft_encoder.token_bytes) if b is None
-        } | set(self.bridge.draft_tokenizer.all_special_ids)
-        self.target_eos = self.bridge.target_tokenizer.eos_token_id
-        self.strategies = make_strategies(self)
+        specials = {tid for tid, b in enumerate(self.bridge.draft_encoder.token_bytes) if b is None}
+        self.ctx = DraftContext(
+            settings, self.runtime, self.bridge, self.intersection,
+            frozenset(specials | set(self.bridge.draft_tokenizer.all_special_ids)),
+            self.bridge.target_tokenizer.eos_token_id, target_vocab, self.generator, self.stats,
+        )
+        self.strategies = make_strategies(self.ctx)
         # Read the draft loop back once per step (accelerators) or every position (CPU,
-        # where a read costs nothing and rows that stop leave the batch): see _draft.
+        # where a read costs nothing and rows that stop leave the batch): see run_draft_loop.
         self.defer_reads = self.runtime.device.type != "cpu"
 
     # -- request lifetime -------------------------------------------------------------
@@ -182,7 +140,7 @@ class DraftEngine:
         self, batch: StepBatch, speculative: bool = False, stop: Callable[[], bool] | None = None
     ) -> StepDrafts:
         """Sync every row with its committed tokens and draft them (one packed loop per
-        rule in the batch). A ``speculative`` step (``drafter/pipeline.py``) is left out
+        rule in the batch). A ``speculative`` step (``drafter/placement/pipeline.py``) is left out
         of the per-step counters, which describe the drafts vLLM actually received;
         ``stop`` ends its draft loops early (shorter drafts are still valid drafts)."""
         t0 = time.perf_counter()
@@ -224,20 +182,22 @@ class DraftEngine:
         return settings.auto_greedy[0] if params.temperature < GREEDY_EPS else settings.auto_sampled[0]
 
     def _step_rule(
-        self, strategy: StringLevel, batch: StepBatch, active: list[int], budget: int,
+        self, strategy: Strategy, batch: StepBatch, active: list[int], budget: int,
         stop: Callable[[], bool] | None,
     ) -> tuple[StepDrafts, float]:
         """Draft the batch rows ``active`` with one rule: the drafts (rows outside
         ``active`` empty) and the seconds spent drafting (the rest is the bridge's)."""
         active_ids = [batch.req_ids[i] for i in active]
+        states = [self.states[r] for r in active_ids]
         t0 = time.perf_counter()
-        first = strategy.first_tokens(active_ids)
+        first = strategy.first_tokens(active_ids, states)
         drafting = [r for r in active_ids if r not in first or first[r].continues]
         caps = {batch.req_ids[i]: max(1, min(batch.cap(i), budget)) for i in active}
-        draft = self._draft(strategy, drafting, budget, [caps[r] for r in drafting], stop)
+        draft = run_draft_loop(self.ctx, strategy, [self.states[r] for r in drafting], budget,
+                               [caps[r] for r in drafting], self.defer_reads, stop)
         t1 = time.perf_counter()
         out = StepDrafts([[] for _ in batch.req_ids], ready=[False] * len(batch.req_ids))
-        strategy.assemble(out, batch, active, drafting, draft, budget, first)
+        strategy.assemble(out, batch, active, states, drafting, draft, budget, first)
         return out, t1 - t0
 
     @staticmethod
@@ -262,12 +222,8 @@ class DraftEngine:
 
     def next_logits(self, req_ids: list[str]) -> torch.Tensor:
         """The drafter's logits ``[n, draft_vocab]`` after each request's current draft
-        tokens (feeding what is not cached yet; each request must have a token pending,
-        as after :meth:`sync`)."""
-        states = [self.states[r] for r in req_ids]
-        pending = [s.draft.ids[s.cache.length :].tolist() for s in states]
-        self.stats.draft_forwards += 1
-        return self.runtime.forward([s.cache for s in states], pending)
+        tokens (each must have a token pending, as after :meth:`sync`)."""
+        return self.ctx.next_logits([self.states[r] for r in req_ids])
 
     def _new_state(self, req_id: str, params: RequestParams, n_target: int) -> RequestState:
         draft = AlignedTokens(self.bridge.draft_encoder, self.bridge.draft_prefix_ids, self.settings.lookbehind)
@@ -336,55 +292,3 @@ class DraftEngine:
                     ok = False
             out.append(ok)
         return out
-
-    def sampling_rows(self, req_ids: list[str]) -> SamplingRows:
-        params = [self.states[r].params for r in req_ids]
-        return SamplingRows.build(
-            [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params],
-            [self.states[r].generator for r in req_ids], self.runtime.device, self.generator,
-        )
-
-    def _draft(
-        self, strategy: StringLevel, req_ids: list[str], budget: int, caps: list[int],
-        stop: Callable[[], bool] | None = None,
-    ) -> DraftOutput:
-        """Run the packed draft loop: per request the proposals (draft ids for slem and
-        dtw, target ids for the token-level algorithms), each token's probability under
-        the distribution it was sampled from, and for the token-level algorithms the q
-        rows verification reads (compact, on the drafter's device: see
-        ``verify/draft_probs.py``) and which proposals the target lacks (union). Request
-        i drafts for at most ``caps[i]`` target tokens (each at most ``budget``).
-
-        Each position's samples feed the next forward on the device. Rows run in order
-        of their step count, longest first, so the rows still drafting at a position
-        are a prefix of the previous position's: the hand-over is a slice, with no
-        index from the host. What the host needs (the ids for the bridge, the stop
-        rules) comes back once per step on an accelerator, where each read would stall
-        the loop: every row drafts its full length and the stop rules cut the drafts
-        afterwards. On the CPU a read costs nothing, so it happens every position and a
-        row that stops leaves the batch at once."""
-        loop = DraftLoop(self, strategy, req_ids, caps, budget)
-        if not req_ids:
-            return loop.output()
-        defer = self.defer_reads
-        n_steps = strategy.draft_steps(budget)
-        live = list(range(len(req_ids)))
-        sampled: torch.Tensor | None = None
-        for step in range(n_steps):
-            caches = [loop.states[j].cache for j in live]
-            if step == 0:
-                pending = [s.draft.ids[s.cache.length :].tolist() for s in loop.states]
-                logits = self.runtime.forward(caches, pending)
-            else:
-                logits = self.runtime.forward_next(caches, loop.rows_of(sampled, live), step)
-            self.stats.draft_forwards += 1
-            sampled, packed, q_rows = loop.sample(logits, live)
-            if defer:
-                loop.defer(packed, live, q_rows)
-                live = [j for j in live if step + 1 < loop.steps[j]]
-            else:
-                live = loop.consume(packed.cpu().tolist(), live, q_rows, step)
-            if not live or (stop is not None and stop()):
-                break
-        loop.consume_deferred()
-        return loop.output()

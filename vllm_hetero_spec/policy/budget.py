@@ -1,65 +1,28 @@
 """How many tokens to draft this step, per request, 0 included: a cost model fitted online.
 
-Speculation pays only when the tokens it adds per step outweigh what it costs per step,
-and both sides move with the batch size, the prompt mix and the machine: verifying
-8 x 5 positions is compute-bound on a CPU where verifying 1 x 5 is nearly free, and a
-request whose drafts keep being rejected only adds verification work. So each step
-:class:`AdaptiveBudget` picks the k (0..``num_speculative_tokens``) that maximises
-expected tokens per second,
+Speculation pays only when the tokens a step adds outweigh what it costs, and both move
+with the batch size, the prompt mix and the machine. So each step :class:`AdaptiveBudget`
+picks the k (0..``num_speculative_tokens``) that maximises expected tokens per second,
 
     rate(k) = sum_r E_r(k) / cost(k),     E_r(k) = 1 + sum_{j<=k} P_r(j),
 
-from three models it keeps current from what each step shows:
+from three models that let old evidence fade, so they follow change (the two costs learn only
+from *steady* steps, nobody joined or prefilling, so a prefill never passes for verification):
 
-- **acceptance**: per draft position j, the probability a_j that the j-th proposal is
-  accepted given the ones before it were, over all requests and per request (a
-  request's own counts shrunk towards the overall ones), so P_r(j) = a_r1 ... a_rj;
-  kept per rule, since with ``algorithm: auto`` a request may change rule between
-  steps (``drafter/rule_choice.py``) and one rule's verdicts say little of another's;
-- **the target's step**: its time as a function of the tokens it runs (rows +
-  proposals), one curve for plain and speculative steps at every batch size, measured
-  per size and interpolated between (:class:`TargetCost`);
-- **drafting**: the proposer's time, linear in k, in k x rows, and in the tokens the
-  draft states catch up on (a request's first drafting step reads its whole context)
-  (:class:`DraftCost`). With ``auto`` each set of rules drafting in a step has its own
-  fixed cost; the rules that draft by the drafter's forwards alone share the per-token
-  slopes, while a set with ``slrs`` keeps a fit of its own: its psi tree costs several
-  times a ``tli`` step, and one fit for both made ``tli`` look that dear -- so dear that
-  the budget stopped drafting, and a step at k = 0 never corrects the fit.
+- **acceptance**: per rule and draft position, overall and per request (shrunk towards overall);
+- **the target's step**: its time against the tokens it runs, one curve for every batch size;
+- **drafting**: proposer time linear in k, k x rows and catch-up tokens, per set of rules.
 
-A draft state that has fallen behind (a new request, or one that has not drafted for a
-while) must first read what it missed, a lump that can cost many steps (measured: 32
-new requests' prompts, 6,388 tokens, took the drafter 9.1 s against a 0.58 s plain
-step). The lump is an investment the following steps live on, so the choice of k prices
-it spread over ``horizon`` steps (16), on top of the steady catch-up of one step's
-output.
-
-Then, per request, a proposal at position j (past the first) is kept only where it
-pays at the margin: its expected gain P_r(j) must exceed the tokens the step's rate
-would buy in the time one more verified token costs (the curve's slope times the
-rate), so a request that is rarely accepted drafts one token while the others draft on.
-A k > 0 whose expected rate beats k = 0 by less than ``margin`` (3%) is not taken.
-
-Only *steady* steps (nobody joined since the step before, nobody is prefilling)
-feed the cost models, so a prefill never passes for the cost of verification. Costs
-are exponentially weighted, acceptance counts decay, so the models follow change; and
-the policy keeps exploring: the engine's first steps try k = 1, 0 and 2 (two sizes on
-the curve and a drafting step) with the rows whose draft states are least behind, up
-to ``warmup_catchup`` tokens of catch-up (one row at least), then every
-``explore_every`` steps at a batch size
-(buckets 1, 2, 3-4, 5-8, ...) it tries a neighbour of the chosen k (alternately above
-and below, 0 included), which refreshes the curve and the acceptance of the next
-position. Probing is paid from an allowance: each step adds ``explore_share`` (2%) of
-its time, decaying over about 300 steps, and a probe is made only when the allowance
-covers the time the model expects it to lose against the chosen k (its catch-up lumps
-charged in full). So exploration costs at most about 2% of the time in expectation: with
-the speculative path's own cost where nothing drafts (about 1% a step, measured on
-Gemma-3-270M), a target no drafter can help is meant to lose under 5% (at 3%, that
-target's probes took 1.9% of a run). At
-batch 1 probes are cheap and frequent, while a probe that would make 32 new requests
-read their prompts is not made at all.
-``fixed`` always drafts ``num_speculative_tokens``. The choice never touches
-verification, so every rule stays exactly as lossless as it is at any fixed k.
+A draft state that has fallen behind (a new request, or one idle a while) must first read what
+it missed, a lump the following steps live on, so k prices it spread over ``horizon`` steps.
+Per request, a proposal past the first is kept only while its P_r(j) exceeds the tokens the
+step's rate buys in the time one more verified token costs; and a k > 0 must beat k = 0 by
+``margin``. Exploration: the first steps try k = 1, 0, 2, then every ``explore_every`` steps per
+batch-size bucket a neighbour of the chosen k, only while an allowance fed with ``explore_share``
+of each step's time covers its expected loss, so a target no drafter helps loses little.
+``fixed`` always drafts ``num_speculative_tokens``. Why each choice, with its evidence:
+docs/algorithms.md#draft-length. The choice never touches verification, so every rule stays
+exactly as lossless as it is at any fixed k.
 """
 
 from __future__ import annotations
@@ -114,27 +77,24 @@ class LinearFit:
         self._coef = None
 
 
-# Rules that draft by the drafter's forwards alone, one per draft token, so a token costs
-# them the same: measured on the engine (SmolLM2-135M, float32, batch 1 and 4) 58-60 ms per
-# extra token for both slem and tli, and the same k = 1 cost. slrs also evaluates its psi
-# tree, several forwards per position.
-_FORWARD_RULES = frozenset({"slem", "tli", "dtw", "union"})
-
-
-def _cost_group(key: str) -> str:
+def _cost_group(key: str, forward_rules: frozenset[str]) -> str:
     """The fit a set of rules drafting together is priced by: ``"forwards"`` when every
-    rule drafts by forwards alone (and for an engine's one rule, ``""``), else its own."""
-    return "forwards" if set(key.split("+")) <= _FORWARD_RULES | {""} else key
+    rule drafts by the drafter's forwards alone, one per draft token, so a token costs
+    them the same (and for an engine's one rule, ``""``), else its own."""
+    return "forwards" if set(key.split("+")) <= forward_rules | {""} else key
 
 
 class DraftCost:
     """Proposer seconds ~ c_key + c . x for the sets of rules (keys) of one cost group:
     one fixed cost per key, the slopes shared. ``auto`` drafts at batch 1 nearly always
     at k = 1, where a per-key fit cannot tell the cost of a token from the fixed cost:
-    fitted apart, slem came out at 100 ms per token and tli at 45 (both really cost 60),
-    and the dear-looking slem stayed at k = 1. Sharing the slope lets every key's steps
-    at any k inform it. The first key's fixed cost is the base; a key not yet timed is
-    priced at it."""
+    fitted apart, slem came out far dearer per token than tli though both cost one forward
+    per token, and the dear-looking slem stayed at k = 1. Sharing the slope lets every key's
+    steps at any k inform it. A set with ``slrs`` is a group of its own (:func:`_cost_group`):
+    its psi tree costs several forwards per position, and a fit shared with it made the
+    others look so dear that the budget stopped drafting, which a step at k = 0 never
+    corrects. The first key's fixed cost is the base; a key not yet timed is priced at it.
+    Evidence: docs/algorithms.md#auto ("With the budget")."""
 
     def __init__(self, memory: float, features: int):
         self.keys: list[str] = []
@@ -179,10 +139,9 @@ class TargetCost:
     step runs, rows + proposals -- one curve for plain and speculative steps and for
     every batch size.
 
-    One curve, because the target's forward sees tokens, not requests: measured on the
-    1.5B target on this CPU, a plain step of 8 rows (8 tokens) took 303 ms and
-    speculative steps of 1 row took 217-261 ms for 1-5 tokens and of 8 rows 368-555 ms
-    for 16-40 tokens, one rising curve. So what one batch size showed prices every
+    One curve, because the target's forward sees tokens, not requests: plain steps and
+    speculative steps of any batch size fall on one rising curve of the tokens run
+    (docs/algorithms.md#draft-length). So what one batch size showed prices every
     other: a batch size seen for the first time needs no warm-up of its own, and never
     borrows the costs of another regime (a batch of 32 once verified k = 8 on costs
     measured at batch 1).
@@ -195,19 +154,17 @@ class TargetCost:
     smallest it stays at the smallest size's cost.
 
     A size is priced from its second step on: the first time a step runs a token count
-    it may pay one-time costs (on a CPU, oneDNN builds its matmul kernels per shape:
-    measured on the 1.5B target at batch 1, a first 4-token step took 780 ms where 3 and
-    5 tokens took 375 and 446 ms). Averaged in, that one sample kept k = 3 and 4 priced
-    out for a whole run -- a size the policy finds dear is seldom run again, so its
-    price is seldom corrected. So the first sample waits, and the second starts the
-    size's mean at the lower of the two (a one-time cost only ever adds); until then the
-    curve passes the size by, interpolating its neighbours (during the warm-up, until
-    two sizes have a second step, first steps stand in). In simulation (a 0.5 s first
-    step per size, twelve engines) the policy went from 7% below the best fixed k to 2.5%,
-    and where first steps cost nothing extra it does about as well as before.
+    it may pay one-time costs (on a CPU, oneDNN builds its matmul kernels per shape, so a
+    first step can take about twice its neighbours'). Averaged in, that one sample kept
+    k = 3 and 4 priced out for a whole run -- a size the policy finds dear is seldom run
+    again, so its price is seldom corrected. So the first sample waits, and the second
+    starts the size's mean at the lower of the two (a one-time cost only ever adds); until
+    then the curve passes the size by, interpolating its neighbours (during the warm-up,
+    until two sizes have a second step, first steps stand in). The simulated effect is
+    ``tests/policy/test_budget.py::test_a_shape_s_first_step_does_not_price_it``.
 
-    The curve is a shape times a level. The machine's speed drifts (on a shared 2-core
-    CPU plain steps moved 10-15% within minutes), and drift moves every size at once, so
+    The curve is a shape times a level. The machine's speed drifts (a shared CPU's plain
+    steps move within minutes), and drift moves every size at once, so
     one level follows it from every step (``memory``), whatever size the step ran, while
     each size keeps its cost in units of the level, averaged slowly (``shape_memory``).
     With a mean per size alone, a size the policy stopped running kept the price of the
@@ -333,11 +290,13 @@ class AdaptiveBudget:
         explore_share: float = 0.02,
         explore_memory: float = 1 - 1 / 300,
         warmup_catchup: int = 512,
+        forward_rules: frozenset[str] = frozenset(),
     ):
         if not 0 <= min_tokens <= max_tokens or max_tokens < 1:
             raise ValueError(f"need 0 <= min_tokens <= max_tokens and max_tokens >= 1, got {min_tokens}, {max_tokens}")
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
+        self.forward_rules = forward_rules
         self.explore_every = explore_every
         self.accept_memory = accept_memory
         self.request_weight = request_weight
@@ -440,7 +399,7 @@ class AdaptiveBudget:
 
     def _draft_cost(self, key: str) -> DraftCost:
         """The fit that prices the set of rules ``key`` (``""``: the engine's one rule)."""
-        group = _cost_group(key)
+        group = _cost_group(key, self.forward_rules)
         if group not in self.drafts:
             self.drafts[group] = DraftCost(self.cost_memory, features=3)
         return self.drafts[group]
@@ -639,6 +598,10 @@ class FixedBudget:
         """No per-request state."""
 
 
-def make_budget(mode: str, max_tokens: int, min_tokens: int = 0) -> AdaptiveBudget | FixedBudget:
-    """The budget policy ``draft_budget`` names."""
-    return AdaptiveBudget(max_tokens, min_tokens) if mode == "adaptive" else FixedBudget(max_tokens)
+def make_budget(mode: str, max_tokens: int, min_tokens: int = 0,
+                forward_rules: frozenset[str] = frozenset()) -> AdaptiveBudget | FixedBudget:
+    """The budget policy ``draft_budget`` names (``forward_rules``: the rules whose draft
+    tokens cost one drafter forward each, priced with one fit)."""
+    if mode == "adaptive":
+        return AdaptiveBudget(max_tokens, min_tokens, forward_rules=forward_rules)
+    return FixedBudget(max_tokens)

@@ -3,7 +3,7 @@
 The proposer talks to either through the same three calls per step -- ``step`` (drafts
 for a batch, or ``None`` when there are none this step), ``drop`` (forget a request)
 and ``stats`` -- so everything about where drafting happens stays out of the
-vLLM-facing code. The Ray executor lives in ``drafter/ray_executor.py``.
+vLLM-facing code. The Ray executor lives in ``drafter/placement/ray_executor.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Protocol
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.engine import DraftEngine
 from vllm_hetero_spec.drafter.messages import DrafterStats, StepBatch, StepDrafts
-from vllm_hetero_spec.drafter.runtime import RuntimeConfig
+from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
 
 
 class DraftExecutor(Protocol):
@@ -48,9 +48,9 @@ class DraftExecutor(Protocol):
 class InProcessExecutor:
     """Drafting inline, in the caller's process and thread."""
 
-    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0,
-                 max_forward_tokens: int = RuntimeConfig.max_forward_tokens):
-        self.engine = DraftEngine(settings, target_tokenizer, target_vocab, seed, max_forward_tokens)
+    def __init__(self, settings: HeteroSettings, runtime: RuntimeConfig, target_tokenizer: str, target_vocab: int,
+                 seed: int = 0):
+        self.engine = DraftEngine(settings, target_tokenizer, target_vocab, seed, runtime)
 
     def step(self, batch: StepBatch, live: set[str]) -> StepDrafts:
         self.engine.keep_only(live)
@@ -75,13 +75,12 @@ class InProcessExecutor:
         """Nothing to release."""
 
 
-def make_executor(settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0,
-                  max_forward_tokens: int = RuntimeConfig.max_forward_tokens) -> DraftExecutor:
-    """The executor the config asks for; ``seed`` seeds the draft random streams;
-    ``max_forward_tokens`` bounds an in-process drafter's forwards (the Ray actor's,
-    in host memory of its own, keep the default)."""
+def make_executor(settings: HeteroSettings, runtime: RuntimeConfig, target_tokenizer: str, target_vocab: int,
+                  seed: int = 0) -> DraftExecutor:
+    """The executor the config asks for, drafting with the concrete ``runtime``
+    (``drafter/runtime/config.py``); ``seed`` seeds the draft random streams."""
     if settings.executor == "ray":
-        from vllm_hetero_spec.drafter.ray_executor import RayExecutor
+        from vllm_hetero_spec.drafter.placement.ray_executor import RayExecutor
 
-        return RayExecutor(settings, target_tokenizer, target_vocab, seed)
-    return InProcessExecutor(settings, target_tokenizer, target_vocab, seed, max_forward_tokens)
+        return RayExecutor(settings, runtime, target_tokenizer, target_vocab, seed)
+    return InProcessExecutor(settings, runtime, target_tokenizer, target_vocab, seed)

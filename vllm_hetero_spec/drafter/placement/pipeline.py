@@ -27,7 +27,7 @@ import torch
 
 from vllm_hetero_spec.drafter.engine import DraftEngine
 from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch, StepDrafts
-from vllm_hetero_spec.drafter.paged_kv import TokenTree
+from vllm_hetero_spec.drafter.runtime.paged_kv import TokenTree
 from vllm_hetero_spec.vocab.retokenize import propose_continuations
 
 _BRANCH = "\x00branch"  # engine state keys of speculative branches: f"{req_id}{_BRANCH}{j}"

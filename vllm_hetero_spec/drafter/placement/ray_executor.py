@@ -2,7 +2,7 @@
 
 vLLM asks for drafts synchronously after each verification; it offers no hook while the
 target computes. So the client asks the actor for step n's drafts (usually ready: the
-actor drafted them while the target verified step n - 1, see ``drafter/pipeline.py``),
+actor drafted them while the target verified step n - 1, see ``drafter/placement/pipeline.py``),
 returns them, and immediately tells the actor to start on step n + 1 without waiting.
 
 Faults never cost a request: every call waits at most ``ray_timeout_s``; a step the
@@ -31,7 +31,8 @@ import torch
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.engine import DraftEngine
 from vllm_hetero_spec.drafter.messages import DrafterStats, StepBatch, StepDrafts
-from vllm_hetero_spec.drafter.pipeline import PipelinedDrafter
+from vllm_hetero_spec.drafter.placement.pipeline import PipelinedDrafter
+from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
 from vllm_hetero_spec.log import plugin_logger
 
 logger = plugin_logger(__name__)
@@ -56,10 +57,11 @@ class DraftActor:
     """The actor's body (wrapped with ``ray.remote`` by the client, so this module
     imports without Ray): a :class:`DraftEngine` behind a :class:`PipelinedDrafter`."""
 
-    def __init__(self, settings: dict[str, Any], target_tokenizer: str, target_vocab: int, seed: int):
+    def __init__(self, settings: dict[str, Any], runtime: RuntimeConfig, target_tokenizer: str, target_vocab: int,
+                 seed: int):
         parsed = HeteroSettings.from_dict(settings)
         torch.set_num_threads(parsed.ray_threads)
-        self.engine = DraftEngine(parsed, target_tokenizer, target_vocab, seed=seed)
+        self.engine = DraftEngine(parsed, target_tokenizer, target_vocab, seed, runtime)
         self.pipe = PipelinedDrafter(self.engine, parsed.max_branches)
         self.pipelined = parsed.pipeline
         # Two calls may be in the actor at once (max_concurrency=2): a step arriving
@@ -140,10 +142,11 @@ def cluster_address(settings: HeteroSettings) -> str | None:
 class RayExecutor:
     """Client side: owns the actor, the timeouts and restarts."""
 
-    def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0):
+    def __init__(self, settings: HeteroSettings, runtime: RuntimeConfig, target_tokenizer: str, target_vocab: int,
+                 seed: int = 0):
         ray = self._ray = _import_ray()
         self.settings = settings
-        self._args = (settings.to_dict(), target_tokenizer, target_vocab, seed)
+        self._args = (settings.to_dict(), runtime, target_tokenizer, target_vocab, seed)
         self._owns_ray = False
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"log_to_driver": False, "namespace": NAMESPACE}

@@ -11,61 +11,34 @@ What it cannot provide is the KV cache: vLLM addresses every KV group with the t
 block table, and our drafter's positions differ from the target's. So the drafter gets a
 private ``VllmConfig`` (its own compilation config, hence its own
 ``static_forward_context``: vLLM never sees its layers when it sizes, allocates or
-binds its KV cache), and a bounded pool of blocks (``drafter/paged_kv.py``) allocated
+binds its KV cache), and a bounded pool of blocks (``drafter/runtime/paged_kv.py``) allocated
 here, in the layout the backend reads, and bound to its layers.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from vllm_hetero_spec.drafter.cuda_graphs import DraftGraphs, graph_compilation_config
-from vllm_hetero_spec.drafter.input_staging import InputStaging
-from vllm_hetero_spec.drafter.kv_layout import allocate_layer_caches
-from vllm_hetero_spec.drafter.paged_kv import BlockPool, PagedCache, PoolExhausted, TokenTree
-from vllm_hetero_spec.drafter.tp_group import draft_tp_group, tensor_parallel_group
+from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
+from vllm_hetero_spec.drafter.runtime.cuda_graphs import DraftGraphs, graph_compilation_config
+from vllm_hetero_spec.drafter.runtime.input_staging import InputStaging
+from vllm_hetero_spec.drafter.runtime.kv_layout import allocate_layer_caches
+from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool, PagedCache, PoolExhausted, TokenTree
+from vllm_hetero_spec.drafter.runtime.tp_group import draft_tp_group, tensor_parallel_group
 from vllm_hetero_spec.host_to_device import to_device
 
 _PREFIX = "hetero_draft"
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """Where and how the drafter runs.
-
-    Attributes:
-        model: the draft model folder.
-        dtype: the drafter's weights and KV cache dtype.
-        kv_pool_mb: the paged pool's size (MiB); a request that finds it full runs
-            undrafted until blocks free up.
-        max_model_len: the longest draft sequence (positions) it accepts; ``None``: the
-            draft model's own limit.
-        graph_sizes: the token counts whose forwards are captured as CUDA graphs
-            (``drafter/cuda_graphs.py``); empty: eager.
-        max_forward_tokens: the most tokens one forward takes; a larger catch-up (new
-            requests' prompts) runs in several, so the drafter's transient memory is
-            bounded by what vLLM's profile run measures (the engine passes the target's
-            ``max_num_batched_tokens``).
-    """
-
-    model: str
-    dtype: torch.dtype = torch.float32
-    kv_pool_mb: int = 512
-    max_model_len: int | None = None
-    graph_sizes: tuple[int, ...] = ()
-    max_forward_tokens: int = 8192
 
 
 def _draft_vllm_config(cfg: RuntimeConfig):
     """A complete ``VllmConfig`` for the drafter alone, with its own compilation config,
     so its attention layers register in a ``static_forward_context`` vLLM's runner
     never reads. Compiled with piecewise CUDA graphs when ``cfg.graph_sizes`` asks
-    (CUDA: ``drafter/cuda_graphs.py``), else eager: on CPU vLLM's compile path
+    (CUDA: ``drafter/runtime/cuda_graphs.py``), else eager: on CPU vLLM's compile path
     (``DYNAMO_TRACE_ONCE`` + inductor) measured no faster at batch 1-32, after ~80 s of
     compiling at start-up. A compiled drafter's token budget is ``max_forward_tokens``:
     vLLM compiles for token counts up to its ``max_num_batched_tokens`` and refuses a
@@ -122,7 +95,7 @@ class DraftModelRuntime:
 
     def _build_pool(self, layers: dict) -> None:
         """Allocate the pool (one tensor per layer, laid out as vLLM lays out a KV cache
-        for these backends: ``drafter/kv_layout.py``), bind it, and
+        for these backends: ``drafter/runtime/kv_layout.py``), bind it, and
         build one metadata builder per distinct layer spec (e.g. Gemma-3's sliding and
         global layers), as ``LLMBaseProposer.initialize_attn_backend`` does."""
         from vllm.v1.attention.backend import MultipleOf

@@ -1,7 +1,7 @@
 """The drafter's tensor-parallel group of one rank, and the scoped swap that makes it
 vLLM's TP group while the drafter is built and run.
 
-It sits below both ``drafter/runtime.py`` (which uses it) and ``vllm_patches.py`` (which
+It sits below both ``drafter/runtime/model.py`` (which uses it) and ``vllm_patches.py`` (which
 imports the proposer, hence the runtime): the swap is not a patch of vLLM's code but a
 scoped change of one of its globals, restored on exit.
 """
@@ -25,7 +25,7 @@ def tensor_parallel_group(group: Any) -> Iterator[None]:
     logits). Our drafter is replicated on every rank instead of sharded: a small draft
     model gains nothing from a per-layer all-reduce, and its head counts need not divide
     by the target's TP size (SmolLM2 has 9 heads). So it is built and run with a TP
-    group of one rank (``drafter/runtime.py``). Targets vLLM 0.32.0's
+    group of one rank (``drafter/runtime/model.py``). Targets vLLM 0.32.0's
     ``vllm.distributed.parallel_state``; restored on exit, also on error.
     """
     from vllm.distributed import parallel_state

@@ -2,7 +2,7 @@
 
 Per request: the drafter's distribution at the context ranks the likely first target
 tokens (candidates); their psi nodes are evaluated level by level, one tree-masked
-drafter forward per level for the whole batch (:mod:`drafter.string_level`); psi on the
+drafter forward per level for the whole batch (:mod:`drafter.strategies.slrs.psi`); psi on the
 candidates that fit the work cap (C), plus the drafter's chance of ending the text at
 once (the target's EOS), is renormalized, the first target token is sampled from it,
 and that same row is what the verifier gets as q. The drafter then continues from that
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_hetero_spec.drafter.paged_kv import PagedCache, PoolExhausted, TokenTree
-from vllm_hetero_spec.drafter.runtime import DraftModelRuntime
+from vllm_hetero_spec.drafter.runtime.paged_kv import PagedCache, PoolExhausted, TokenTree
+from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs
-from vllm_hetero_spec.drafter.string_level import PsiPlanner, TreeBuilder
+from vllm_hetero_spec.drafter.strategies.slrs.psi import PsiPlanner, TreeBuilder
 from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.vocab.retokenize import TokenEncoder

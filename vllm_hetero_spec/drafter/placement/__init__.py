@@ -1,0 +1,1 @@
+"""Where drafting runs: in the engine's process, or in a Ray actor (optionally pipelined)."""

@@ -1,0 +1,91 @@
+"""The drafter's concrete runtime config, and the one place its ``auto`` settings resolve.
+
+``draft_dtype``, ``draft_kv_pool_mb`` and ``draft_cuda_graphs`` may each be ``auto``,
+whose meaning depends on the target engine (its dtype, batch, memory and graph capture)
+and on where the drafter runs. :func:`resolve_runtime_config` turns them into one
+:class:`RuntimeConfig`, with the reason for each choice, once per engine: the proposer
+calls it when it loads the drafter and hands the result to wherever drafting runs;
+a drafter built outside an engine (benchmarks, tests) calls it without a target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm_hetero_spec.config import HeteroSettings
+from vllm_hetero_spec.drafter.runtime.cuda_graphs import resolve_graph_sizes
+from vllm_hetero_spec.drafter.runtime.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
+from vllm_hetero_spec.drafter.runtime.pool_size import STANDALONE_MB, engine_pool_mb
+
+DEFAULT_FORWARD_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Where and how the drafter runs, every value concrete.
+
+    Attributes:
+        model: the draft model folder.
+        dtype: the drafter's weights and KV cache dtype.
+        kv_pool_mb: the paged pool's size (MiB); a request that finds it full runs
+            undrafted until blocks free up.
+        max_model_len: the longest draft sequence (positions) it accepts; ``None``: the
+            draft model's own limit.
+        graph_sizes: the token counts whose forwards are captured as CUDA graphs
+            (``cuda_graphs.py``); empty: eager.
+        max_forward_tokens: the most tokens one forward takes; a larger catch-up (new
+            requests' prompts) runs in several, so the drafter's transient memory is
+            bounded by what vLLM's profile run measures (an engine's drafter takes the
+            target's ``max_num_batched_tokens``).
+    """
+
+    model: str
+    dtype: torch.dtype = torch.float32
+    kv_pool_mb: int = 512
+    max_model_len: int | None = None
+    graph_sizes: tuple[int, ...] = ()
+    max_forward_tokens: int = DEFAULT_FORWARD_TOKENS
+
+
+def resolve_runtime_config(
+    settings: HeteroSettings, target: Any | None = None, device_type: str | None = None
+) -> tuple[RuntimeConfig, dict[str, str]]:
+    """``settings``' runtime keys made concrete, and why, per key (for the start-up log).
+
+    ``target`` is the target engine's ``VllmConfig`` (``None``: a drafter of its own,
+    outside any engine); ``device_type`` where the drafter runs (default: the target's
+    device, else the platform's; a Ray actor drafts on ``cpu``).
+    """
+    if device_type is None:
+        device_type = target.device_config.device.type if target is not None else platform_device_type()
+    target_dtype = target.model_config.dtype if target is not None else None
+    dtype_name, dtype_why = resolve_draft_dtype(settings.draft_dtype, target_dtype, device_type, cpu_flags())
+    dtype = getattr(torch, dtype_name)
+
+    pool = settings.draft_kv_pool_mb
+    if pool != "auto":
+        pool, pool_why = int(pool), "set in the config"
+    elif target is not None:
+        pool, pool_why = engine_pool_mb(target, settings.draft_model, dtype,
+                                        settings.max_draft_tokens or settings.num_speculative_tokens)
+    else:
+        pool, pool_why = STANDALONE_MB, "no engine to size it for"
+
+    graphs = settings.draft_cuda_graphs
+    if target is not None:
+        sizes = resolve_graph_sizes(graphs, target.compilation_config, target.model_config.enforce_eager, device_type)
+    else:
+        # Graphs are captured in an engine's capture phase; a drafter of its own captures
+        # only the sizes it is given.
+        sizes = tuple(sorted(set(graphs))) if isinstance(graphs, list) else ()
+    graphs_why = f"at sizes {list(sizes)}" if sizes else "off (eager)"
+
+    forward_tokens = DEFAULT_FORWARD_TOKENS
+    if target is not None and device_type == target.device_config.device.type:
+        forward_tokens = target.scheduler_config.max_num_batched_tokens
+    cfg = RuntimeConfig(settings.draft_model, dtype, pool, graph_sizes=sizes, max_forward_tokens=forward_tokens)
+    return cfg, {"dtype": f"{dtype_name} ({dtype_why})", "kv pool": f"{pool} MiB ({pool_why})",
+                 "CUDA graphs": graphs_why}
