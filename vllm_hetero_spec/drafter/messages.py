@@ -133,7 +133,7 @@ class StepDrafts:
 
 @dataclass
 class DraftOutput:
-    """One draft loop's result for the active requests (see ``DraftEngine._draft``)."""
+    """One draft loop's result for the active requests (see ``draft_loop.run_draft_loop``)."""
 
     ids: list[list[int]]
     token_q: list[list[float]]
