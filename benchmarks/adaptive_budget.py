@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from report import figure, fmt, median, meta as run_meta, read_result, runs_cell, table, write_report
+from report import appended_meta, figure, fmt, median, meta as run_meta, read_result, runs_cell, table, write_report
 
 from hetero_harness.evaluation import run_isolated
 from hetero_harness.models import ensure_model
@@ -75,7 +75,7 @@ def main() -> None:
     rows: list[dict] = []
     if args.append:
         previous = read_result(args.name)
-        rows, meta = previous["rows"], {**previous["meta"], f"appended {meta['date']}": meta["args"]}
+        rows, meta = previous["rows"], appended_meta(previous["meta"], meta)
     first = True
     for bs in args.batch_sizes:
         for temp in args.temperatures:

@@ -25,7 +25,8 @@ import argparse
 import json
 import time
 
-from report import figure, fmt, median, meta as run_meta, range_cell, read_result, runs_cell, spread, table, write_report
+from report import appended_meta, figure, fmt, median, range_cell, read_result, runs_cell, spread, table, write_report
+from report import meta as run_meta
 
 from hetero_harness.evaluation import run_isolated
 from hetero_harness.models import ensure_model
@@ -109,7 +110,7 @@ def main() -> None:
     runs: list[dict] = []
     if args.append:
         previous = read_result(args.name)
-        runs, meta = previous["runs"], {**previous["meta"], f"appended {meta['date']}": meta["args"]}
+        runs, meta = previous["runs"], appended_meta(previous["meta"], meta)
     variants = (*((f"{dtype} drafter", {"draft_dtype": dtype}) for dtype in args.draft_dtypes),
                 *((label, json.loads(settings)) for label, settings in (v.split("=", 1) for v in args.auto_variant)))
     cells = [(t, bs, temp) for t in args.targets for bs in args.batch_sizes for temp in args.temperatures]

@@ -139,6 +139,17 @@ def meta(args: argparse.Namespace | Mapping[str, Any] | None = None, *, date_for
     return out
 
 
+def appended_meta(previous: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``meta`` of a result that ``--append`` adds runs to: the first run's, with this
+    run's arguments under ``"appended <date>"`` (``"appended <date> (2)"``, ... for a
+    second append the same day, so every command that added runs stays on record)."""
+    key, n = f"appended {meta['date']}", 1
+    while key in previous:
+        n += 1
+        key = f"appended {meta['date']} ({n})"
+    return {**previous, key: meta["args"]}
+
+
 @functools.lru_cache(maxsize=1)
 def _static_environment() -> dict[str, Any]:
     env: dict[str, Any] = {

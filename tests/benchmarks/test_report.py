@@ -76,3 +76,13 @@ def test_figure_saves_only_a_finished_plot(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError), report.figure("q", out=tmp_path) as (fig, ax):
         raise RuntimeError("drawing failed")
     assert not (tmp_path / "q.png").exists()
+
+
+def test_every_append_stays_on_record() -> None:
+    first = report.meta({"name": "x"})
+    again = report.meta({"name": "x", "append": True})
+    once = report.appended_meta(first, again)
+    twice = report.appended_meta(once, again)
+    day = again["date"]
+    assert once[f"appended {day}"] == twice[f"appended {day} (2)"] == {"name": "x", "append": True}
+    assert twice["args"] == {"name": "x"}
