@@ -69,8 +69,7 @@ def resolve_runtime_config(
     if pool != "auto":
         pool, pool_why = int(pool), "set in the config"
     elif target is not None:
-        pool, pool_why = engine_pool_mb(target, settings.draft_model, dtype,
-                                        settings.max_draft_tokens or settings.num_speculative_tokens)
+        pool, pool_why = engine_pool_mb(target, settings.draft_model, dtype, settings.max_draft_tokens)
     else:
         pool, pool_why = STANDALONE_MB, "no engine to size it for"
 
