@@ -173,7 +173,7 @@ class HeteroSettings:
     draft_dtype: str = setting(
         "auto", "the drafter's weights and KV cache (independent of the target's; verification is the "
         "target's, so the choice never changes outputs, only acceptance and speed); `auto`: the target's dtype "
-        "on CUDA, `bfloat16` on a CPU with native bf16 (`avx512_bf16` or `amx_bf16`: 1.5x faster per draft "
+        "on CUDA, `bfloat16` on a CPU with native bf16 (`avx512_bf16` or `amx_bf16`: faster per draft "
         "token there), else `float32`; the choice is logged at start-up",
         choice("auto", "float32", "bfloat16", "float16"), "")
     draft_kv_pool_mb: int | str = setting(

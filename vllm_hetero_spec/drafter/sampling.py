@@ -153,8 +153,8 @@ def sample(probs: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     every row is drawn in one launch from the shared stream, then a seeded row's is
     redrawn from its own generator (one launch per seeded row, as vLLM's sampler does).
     A batch of seeded rows only skips the shared launch: it drew vocabulary-wide noise
-    that every row then overwrote (measured, 240 seeded T = 1 requests at batch 64: the
-    drafter's time 17.9 -> 14.1 s, the run's 48.9 -> 43.4 s). An all-greedy batch
+    that every row then overwrote, a visible share of a seeded batch's drafting time
+    (docs/drafter.md, "What is ours, and why": Evidence). An all-greedy batch
     (one-hot rows) draws nothing."""
     if rows.all_greedy:
         return probs.argmax(dim=-1)

@@ -155,7 +155,7 @@ class TargetCost:
 
     A size is priced from its second step on: the first time a step runs a token count
     it may pay one-time costs (on a CPU, oneDNN builds its matmul kernels per shape, so a
-    first step can take about twice its neighbours'). Averaged in, that one sample kept
+    first step can cost far more than its neighbours'). Averaged in, that one sample kept
     k = 3 and 4 priced out for a whole run -- a size the policy finds dear is seldom run
     again, so its price is seldom corrected. So the first sample waits, and the second
     starts the size's mean at the lower of the two (a one-time cost only ever adds); until
@@ -168,11 +168,9 @@ class TargetCost:
     one level follows it from every step (``memory``), whatever size the step ran, while
     each size keeps its cost in units of the level, averaged slowly (``shape_memory``).
     With a mean per size alone, a size the policy stopped running kept the price of the
-    moment it stopped, and the policy switched when noise made one size look cheap: on
-    the 0.5B target at batch 1, T = 1, the plain step was priced at 178 ms where it took
-    161 ms when the budget chose k = 1, and the 2-token step at 190 ms where it took
-    210 -- each estimate was read at its most favourable, and `tli` ran 0.87x plain
-    drafting on a third of its steps."""
+    moment it stopped, and the policy switched when noise made one size look cheap: each
+    estimate was read at its most favourable, and `tli` ran below plain decoding
+    (docs/benchmarks.md#qwen25-coder-05b-at-t--1-a-price-per-size-went-stale)."""
 
     def __init__(self, memory: float, shape_memory: float = 0.97):
         self.shape_memory = shape_memory
@@ -433,7 +431,7 @@ class AdaptiveBudget:
         """a_j per position (conditional on the earlier ones accepted) under ``rule``,
         overall or for one request (its counts shrunk towards the overall estimate). A position with
         few verdicts leans on the one before it (conditional acceptance rarely drops
-        with depth: measured 0.59, 0.63, 0.65, 0.71), so a position the policy has not
+        with depth: see docs/algorithms.md#draft-length), so a position the policy has not
         tried lately is not written off at the prior."""
         overall = np.empty(self.max_tokens)
         prior = self.prior_accept
@@ -546,8 +544,8 @@ class AdaptiveBudget:
         catch-up stays within ``warmup_catchup`` tokens, one row at least. The warm-up
         only has to time a drafting step and two more sizes of the target's step; made
         with a whole batch of new requests it had every draft state read its prompt at
-        once (0.5B target, a batch of 32 on this CPU: about 6 s, where the 64-token job
-        takes 38 s at plain speed), before the budget could price that lump. A floor
+        once, a large share of a short batch job (docs/algorithms.md#draft-length), before
+        the budget could price that lump. A floor
         (``min_tokens``) drafts every row, as it promises."""
         if self.min_tokens > 0 or lengths is None:
             return drafting

@@ -1,8 +1,7 @@
 """``algorithm: auto``: which lossless rule each request drafts with, chosen each step.
 
-No rule is fastest everywhere. Measured on a CPU with the 1.5B target: at T = 0 ``slem``
-ran 1.61x plain at batch 1 where ``tli`` ran 1.32x, and at batch 8 ``tli`` led (0.97x
-against 0.91x); at T = 1 ``tli`` ran 1.26x and ``slrs`` 0.99x. Which one wins depends on
+No rule is fastest everywhere: the same pair of models can favour ``slem`` at batch 1 and
+``tli`` at batch 8, or ``tli`` at T = 1 (docs/algorithms.md#auto). Which one wins depends on
 the pair of models, the prompts, the batch and the machine, so it is measured here, on
 the engine, rather than fixed.
 
@@ -15,35 +14,35 @@ request of a step drafts with the same rule. A kind alternates between two phase
   not draft with runs at plain speed, and that is its measure). Only a turn's second
   step is counted: the first pays the draft states' catch-up on what the rule before
   left (``tli``'s restricted tokens are re-tokenized for the drafter after a step), and
-  counted, that debt made ``slem`` look slower than ``tli`` in three comparisons of four
-  at T = 0, where ``slem`` alone is 12% faster. The comparison ends when each rule has
+  counted, that debt made ``slem`` look slower than ``tli`` in most comparisons at T = 0,
+  where ``slem`` alone is faster. The comparison ends when each rule has
   ``window`` counted steps -- or, from ``min_steps`` each, as soon as every challenger
   either trails the incumbent (the rule running, at first the first listed) by more
   than ``futility`` standard errors or leads it by more than a switch needs (below): a
   comparison runs half its steps on the slower rule and pays a catch-up at every turn,
-  and a batch-1 job of a few hundred steps may otherwise be mostly comparison (on the
-  AMD CPU at T = 0, ``auto`` ran 1.13x plain where ``slem`` alone ran 1.26x, with a
-  quarter of its drafted steps on ``tli``). Taking turns step by step compares the rules on
-  the same stretch of text: a first version ran each rule for blocks of 8 steps, and
-  the blocks' texts differed more than the rules did (on the 1.5B target at T = 0 it
-  settled on ``tli`` in one run of two, at 5.60 tok/s where ``slem`` ran 6.38).
+  and a batch-1 job of a few hundred steps may otherwise be mostly comparison, spending
+  much of its drafting on the slower rule
+  (docs/benchmarks.md#batch-1-again-after-autos-comparison-was-made-aware-of-its-own-noise). Taking
+  turns step by step compares the rules on the same stretch of text: a first version ran
+  each rule for blocks of 8 steps, and the blocks' texts differed more than the rules did,
+  so one run settled on the slower rule (docs/algorithms.md#auto, "Why turns").
   Before a challenger's turn the draft budget is asked whether it would draft with it.
   If it would not, the turn is declined and the next rule's begins: that turn would
   run at plain speed, which the budget already ranks below the incumbent's (it drafts
   only where that beats plain), so it tells nothing of the rule and costs what plain
-  decoding does. At batch 1, T = 1 on an AMD CPU the budget left ``slrs``'s turns
-  undrafted, and ``auto`` ran 62 undrafted steps of 332 where ``tli`` alone ran 15 of
-  320. A challenger declined ``min_steps`` times leaves the comparison; it is asked
-  again at the next one, when its acceptance counts have faded towards the prior.
+  decoding does (at batch 1, T = 1 the budget left ``slrs``'s turns undrafted, and
+  ``auto`` ran several times the undrafted steps of ``tli`` alone). A challenger declined
+  ``min_steps`` times leaves the comparison; it is asked again at the next one, when its
+  acceptance counts have faded towards the prior.
 - **Run.** The fastest -- tokens the kind's rows emitted per second of its steps, pooled
   over the comparison, weighed with the earlier comparisons' -- runs for
   ``run_steps`` informative steps; then the kind compares again, so the choice follows
   a change of workload. A challenger replaces the incumbent only when it leads by more
   than ``switch_margin`` *and* by more than ``confidence`` standard errors of the
   comparison itself. At batch 1 the tokens a step emits swing from 1 to k + 1, so a few
-  dozen steps resolve a difference of 10-25% only roughly: on the 1.5B target at T = 0
-  on an AMD CPU, two comparisons measured ``tli`` 14% and 24% ahead, so ``auto`` ran
-  ``tli``, and ``slem`` alone then ran 10% faster than ``auto``. The listed order is
+  dozen steps resolve a difference of the size that separates the rules only roughly:
+  with a fixed margin alone, comparisons put ``tli`` ahead where ``slem`` alone then ran
+  faster than ``auto`` (docs/algorithms.md#auto). The listed order is
   the measured prior (``slem`` for greedy requests, ``tli`` for sampled ones), so a
   call inside the noise keeps it; a larger batch sums its rows' tokens per step, swings
   less, and resolves finer differences.

@@ -237,8 +237,9 @@ class HeteroRejectionSampler(RejectionSampler):
         proposal): vLLM 0.32.0 still sends every step of a speculative engine here, with
         one logits row per request (its bonus position). Sampled as plain decoding
         samples it, by vLLM's sampler alone, seeded rows with the generator of their
-        position: verification of nothing would cost a dozen small tensor ops per step
-        (about 1 ms on a 262k vocabulary, 1% of a Gemma-3-270M step on a CPU).
+        position: verification of nothing would cost a dozen small tensor ops over the
+        vocabulary per step, felt on a cheap target where most steps draft nothing
+        (docs/benchmarks.md#gemma-3-270m-again-undrafted-steps-sampled-as-plain-probes-at-2).
         ``predict_bonus_token`` as vLLM's rejection sampler sets it (penalties read the
         rows' drafts: none)."""
         keyed = _keyed(seeded, rows, [0] * len(rows.req_ids), logits.device)

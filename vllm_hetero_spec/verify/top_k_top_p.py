@@ -2,9 +2,9 @@
 
 vLLM 0.32.0 without Triton (its CPU build) applies top-p by sorting every row over the
 whole vocabulary, top-k or not. On the verification path that is (k + 1) rows per
-request: with Gemma-3's 262k vocabulary, 64 requests at k = 3 and ``top_k = 40,
-top_p = 0.95``, the sorts took 25 s of a 52 s run, more than the target's forwards.
-When every row has a top-k, only its k largest logits can survive, so top-p needs
+request: on a large vocabulary (Gemma-3's) with top-k and top-p set, the sorts can cost
+more than the target's forwards (docs/architecture.md, "Top-k/top-p without a sort on
+CPU"). When every row has a top-k, only its k largest logits can survive, so top-p needs
 only those: one partial top-k over the vocabulary, then the same masks on a [rows,
 max k] slice.
 

@@ -52,7 +52,7 @@ class VocabBridge:
         Built once per process for the same arguments: start-up validation and the
         drafter both need it, and with the engine in process (offline ``LLM`` with
         ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) that is the same process; loading
-        a 262k-entry tokenizer and tabulating its bytes takes ~5 s. Nothing mutates a
+        a large tokenizer and tabulating its bytes takes seconds. Nothing mutates a
         bridge after it is built."""
         return _built(draft_tokenizer, target_tokenizer, draft_vocab, target_vocab)
 

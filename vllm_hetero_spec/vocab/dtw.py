@@ -6,7 +6,7 @@ carries the matched draft token's probability over as the proxy token's proposal
 probability. That is an approximation -- the true probability of proposing a proxy token
 sums over every draft tokenization of its text -- so verifying with it is only
 approximately lossless; ``dtw_verify: lossless`` verifies against a one-hot proposal
-instead (exact), and the README reports the measured bias of the faithful mode.
+instead (exact); benchmarks/results/dtw_bias.md records the faithful mode's bias.
 """
 
 from __future__ import annotations

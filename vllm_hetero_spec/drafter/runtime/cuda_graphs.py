@@ -1,8 +1,9 @@
 """CUDA graphs for the draft forwards, through vLLM's own compilation and graph machinery.
 
-Why: an eager 135M drafter is launch-bound on a GPU -- about 300 kernel launches per
-forward, 2.5-3.5 ms of host time on an H100 against about 0.1 ms of work -- which is
-more than a captured 1.5B target step, so speculation could never pay there. vLLM's own
+Why: an eager small drafter is launch-bound on a GPU -- about ten kernel launches per
+layer, whose host time far exceeds the device's work -- and by estimate a few eager draft
+forwards cost more than a captured target step, so speculation could never pay there
+(docs/drafter.md#what-a-draft-forward-would-cost-on-an-h100-estimates-not-measured). vLLM's own
 draft models (``vllm/v1/spec_decode/llm_base_proposer.py``) avoid it the same way this
 does:
 

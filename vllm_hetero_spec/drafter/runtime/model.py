@@ -39,8 +39,9 @@ def _draft_vllm_config(cfg: RuntimeConfig):
     so its attention layers register in a ``static_forward_context`` vLLM's runner
     never reads. Compiled with piecewise CUDA graphs when ``cfg.graph_sizes`` asks
     (CUDA: ``drafter/runtime/cuda_graphs.py``), else eager: on CPU vLLM's compile path
-    (``DYNAMO_TRACE_ONCE`` + inductor) measured no faster at batch 1-32, after ~80 s of
-    compiling at start-up. A compiled drafter's token budget is ``max_forward_tokens``:
+    (``DYNAMO_TRACE_ONCE`` + inductor) ran no faster (the forward is memory-bound) and
+    added a long compile to start-up (docs/drafter.md, "What is ours, and why":
+    Evidence). A compiled drafter's token budget is ``max_forward_tokens``:
     vLLM compiles for token counts up to its ``max_num_batched_tokens`` and refuses a
     larger forward."""
     from vllm.engine.arg_utils import EngineArgs
