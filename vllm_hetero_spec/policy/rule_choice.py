@@ -22,7 +22,7 @@ request of a step drafts with the same rule. A kind alternates between two phase
   comparison runs half its steps on the slower rule and pays a catch-up at every turn,
   and a batch-1 job of a few hundred steps may otherwise be mostly comparison, spending
   much of its drafting on the slower rule
-  (docs/benchmarks.md#batch-1-again-after-autos-comparison-was-made-aware-of-its-own-noise). Taking
+  (docs/benchmarks.md#the-defaults-matrix). Taking
   turns step by step compares the rules on the same stretch of text: a first version ran
   each rule for blocks of 8 steps, and the blocks' texts differed more than the rules did,
   so one run settled on the slower rule (docs/algorithms.md#auto, "Why turns").

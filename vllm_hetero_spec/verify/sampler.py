@@ -239,7 +239,7 @@ class HeteroRejectionSampler(RejectionSampler):
         samples it, by vLLM's sampler alone, seeded rows with the generator of their
         position: verification of nothing would cost a dozen small tensor ops over the
         vocabulary per step, felt on a cheap target where most steps draft nothing
-        (docs/benchmarks.md#gemma-3-270m-again-undrafted-steps-sampled-as-plain-probes-at-2).
+        (docs/benchmarks.md#gemma-3-270m-at-batch-1-t--1-what-our-engine-costs-where-nothing-drafts).
         ``predict_bonus_token`` as vLLM's rejection sampler sets it (penalties read the
         rows' drafts: none)."""
         keyed = _keyed(seeded, rows, [0] * len(rows.req_ids), logits.device)
