@@ -110,6 +110,66 @@ RUNNER_TIMED = ("execute_model", "sample_tokens", "propose_draft_token_ids")
 PROBE = "hetero_harness.worker_probe.JobProbe"
 
 
+def start_engine(job: dict[str, Any]) -> Any:
+    """:func:`run_job`'s ``LLM`` for ``job`` (keys: target, dtype, max_model_len,
+    enforce_eager, speculative_config, seed, max_num_seqs, tensor_parallel_size,
+    num_kv_blocks, skip_tokenizer_init, async_scheduling, time_calls), its runner timed
+    by the probe. The main job keeps two of them alive in one process."""
+    from vllm import LLM
+
+    llm = LLM(
+        model=job["target"],
+        dtype=job.get("dtype", "float32"),
+        max_model_len=job.get("max_model_len", 2048),
+        enforce_eager=job.get("enforce_eager", False),
+        speculative_config=job.get("speculative_config"),
+        disable_log_stats=False,
+        seed=job.get("seed", 0),
+        max_num_seqs=job.get("max_num_seqs", 16),
+        tensor_parallel_size=job.get("tensor_parallel_size", 1),
+        num_gpu_blocks_override=job.get("num_kv_blocks"),
+        skip_tokenizer_init=job.get("skip_tokenizer_init", False),
+        async_scheduling=job.get("async_scheduling"),
+        worker_extension_cls=PROBE,
+    )
+    # The engine runs with vLLM's default process layout (the worker in the engine
+    # core's process) unless VLLM_ENABLE_V1_MULTIPROCESSING=0 says otherwise; the probe
+    # times the runner and reads the drafter wherever the worker is.
+    llm.collective_rpc("hetero_probe_time", args=(list(RUNNER_TIMED + tuple(job.get("time_calls", ()))),))
+    return llm
+
+
+def spec_decode_delta(before: dict[str, Any], after: list[Any]) -> dict[str, Any]:
+    """vLLM's spec-decode counters (and preemptions) between two ``LLM.get_metrics()``
+    snapshots, ``before`` keyed by name. vLLM keeps one Prometheus registry per process
+    and each new engine's stat logger unregisters the previous one's, so with two
+    engines in a process the snapshots are the newest engine's."""
+
+    def delta(name: str) -> float:
+        prev = before.get(name)
+        return _counter(after, name) - (float(getattr(prev, "value", 0) or 0) if prev else 0.0)
+
+    per_pos: dict[int, float] = {}
+    for m in after:
+        if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            before_pos = before.get(m.name)
+            prev = list(getattr(before_pos, "values", []) or []) if before_pos else []
+            for i, v in enumerate(getattr(m, "values", []) or []):
+                per_pos[i] = per_pos.get(i, 0.0) + v - (prev[i] if i < len(prev) else 0.0)
+    drafts = delta("vllm:spec_decode_num_drafts")
+    draft_tokens = delta("vllm:spec_decode_num_draft_tokens")
+    accepted = delta("vllm:spec_decode_num_accepted_tokens")
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": draft_tokens,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "acceptance_per_position": [per_pos[i] / drafts for i in sorted(per_pos)] if drafts else None,
+        "num_preemptions": delta("vllm:num_preemptions"),
+    }
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Generate ``job['prompts']`` with the given engine settings; time the batch.
 
@@ -131,29 +191,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     batch, their tokens returned as ``solo_token_ids``; their metrics are not counted), time_calls (more runner methods to time, e.g. ``_model_forward``; the
     result then carries every timed method's per-call seconds as ``runner_calls``).
     """
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import StructuredOutputsParams
 
-    llm = LLM(
-        model=job["target"],
-        dtype=job.get("dtype", "float32"),
-        max_model_len=job.get("max_model_len", 2048),
-        enforce_eager=job.get("enforce_eager", False),
-        speculative_config=job.get("speculative_config"),
-        disable_log_stats=False,
-        seed=job.get("seed", 0),
-        max_num_seqs=job.get("max_num_seqs", 16),
-        tensor_parallel_size=job.get("tensor_parallel_size", 1),
-        num_gpu_blocks_override=job.get("num_kv_blocks"),
-        skip_tokenizer_init=job.get("skip_tokenizer_init", False),
-        async_scheduling=job.get("async_scheduling"),
-        worker_extension_cls=PROBE,
-    )
-    # The engine runs with vLLM's default process layout (the worker in the engine
-    # core's process) unless VLLM_ENABLE_V1_MULTIPROCESSING=0 says otherwise; the probe
-    # times the runner and reads the drafter wherever the worker is.
-    llm.collective_rpc("hetero_probe_time", args=(list(RUNNER_TIMED + tuple(job.get("time_calls", ()))),))
+    llm = start_engine(job)
     temps = job.get("temperatures") or [job.get("temperature", 0.0)] * len(job["prompts"])
     detokenize = not job.get("skip_tokenizer_init", False)
     seeds = job.get("request_seeds")
@@ -210,20 +252,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     # Requests run again one at a time, after the batch (another batch, another history).
     solo = [llm.generate([prompts[i]], [params(i)], use_tqdm=False)[0] for i in job.get("solo", [])]
 
-    def delta(name: str) -> float:
-        prev = before.get(name)
-        return _counter(after, name) - (float(getattr(prev, "value", 0) or 0) if prev else 0.0)
-
-    per_pos: dict[int, float] = {}
-    for m in after:
-        if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            before_pos = before.get(m.name)
-            prev = list(getattr(before_pos, "values", []) or []) if before_pos else []
-            for i, v in enumerate(getattr(m, "values", []) or []):
-                per_pos[i] = per_pos.get(i, 0.0) + v - (prev[i] if i < len(prev) else 0.0)
-    drafts = delta("vllm:spec_decode_num_drafts")
-    draft_tokens = delta("vllm:spec_decode_num_draft_tokens")
-    accepted = delta("vllm:spec_decode_num_accepted_tokens")
+    spec = spec_decode_delta(before, after)
     n_out = sum(len(o.outputs[0].token_ids) for o in outputs)
     result: dict[str, Any] = {
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
@@ -231,13 +260,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         "elapsed_s": elapsed,
         "output_tokens": n_out,
         "tok_per_s": n_out / elapsed if elapsed > 0 else 0.0,
-        "num_drafts": drafts,
-        "num_draft_tokens": draft_tokens,
-        "num_accepted_tokens": accepted,
-        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
-        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-        "acceptance_per_position": [per_pos[i] / drafts for i in sorted(per_pos)] if drafts else None,
-        "num_preemptions": delta("vllm:num_preemptions"),
+        **spec,
         "solo_token_ids": [list(o.outputs[0].token_ids) for o in solo],
         # What a request's params asked for beyond its first completion's tokens.
         "extras": [_extras(o) for o in outputs],
@@ -250,6 +273,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     result["runner_s"] = {name: sum(runner_calls[name]) for name in RUNNER_TIMED}
     if job.get("time_calls"):
         result["runner_calls"] = runner_calls
+    draft_tokens = spec["num_draft_tokens"]
     result["propose_ms_per_draft_token"] = 1e3 * sum(propose) / draft_tokens if draft_tokens else None
     # Every worker's hetero:* slots (with TP each rank's proposer has its own board).
     from vllm_hetero_spec.metrics import metrics_dir, read_boards
