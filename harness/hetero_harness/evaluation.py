@@ -112,15 +112,16 @@ PROBE = "hetero_harness.worker_probe.JobProbe"
 
 def start_engine(job: dict[str, Any]) -> Any:
     """:func:`run_job`'s ``LLM`` for ``job`` (keys: target, dtype, max_model_len,
-    enforce_eager, speculative_config, seed, max_num_seqs, tensor_parallel_size,
-    num_kv_blocks, skip_tokenizer_init, async_scheduling, time_calls), its runner timed
-    by the probe. The main job keeps two of them alive in one process."""
+    max_num_batched_tokens (default: vLLM's), enforce_eager, speculative_config, seed,
+    max_num_seqs, tensor_parallel_size, num_kv_blocks, skip_tokenizer_init,
+    async_scheduling, time_calls), its runner timed by the probe."""
     from vllm import LLM
 
     llm = LLM(
         model=job["target"],
         dtype=job.get("dtype", "float32"),
         max_model_len=job.get("max_model_len", 2048),
+        max_num_batched_tokens=job.get("max_num_batched_tokens"),
         enforce_eager=job.get("enforce_eager", False),
         speculative_config=job.get("speculative_config"),
         disable_log_stats=False,
