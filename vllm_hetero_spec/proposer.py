@@ -9,12 +9,14 @@ out the way vLLM and our rejection sampler read it: the proposals for vLLM, and 
 greedy, ``union``'s forced rejections, ``fsd``'s thresholds), which the runner's propose
 hook hands over (:meth:`HeteroProposer.take_verify_plan`).
 
-With a tensor-parallel target every rank drafts in process, with a whole (replicated)
-drafter of its own: a small draft model gains nothing from per-layer all-reduces, and
-nothing needs to cross ranks. Their drafts agree because every input does (committed
-tokens, and draft random streams seeded per request from the engine's seed, never the
-global RNG). A Ray drafter is a world of its own: rank 0 asks it and broadcasts the
-drafts.
+With a tensor-parallel target, rank 0 drafts (with a whole drafter: a small draft
+model gains nothing from per-layer all-reduces) and broadcasts each step's drafts, their
+compact q and the rows they belong to; the other ranks build their verification plan
+from what they receive. vLLM's scheduler runs rank 0's proposals, so every rank must
+verify those with that q: drafting on every rank and trusting the drafts to agree would
+let one rank's failure, or its kernels rounding another way, make the ranks sample
+different tokens, and their KV caches drift apart without a word. A Ray drafter is
+asked by rank 0 the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.placement.executors import DraftExecutor, make_executor
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runtime_config
+from vllm_hetero_spec.drafter.runtime.tp_group import draft_tp_group
+from vllm_hetero_spec.drafts_broadcast import share_drafts
 from vllm_hetero_spec.drafter.strategies.registry import forward_only_rules, request_threshold, verify_divergence
 from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.metrics import MetricsBoard
@@ -70,24 +74,21 @@ class HeteroProposer:
         self.target_vocab = vllm_config.model_config.get_vocab_size()
         self._tp = _tp_group()
         self._vllm_config = vllm_config
-        # With Ray only rank 0 drafts and broadcasts; in process every rank drafts.
-        self._broadcast = self._tp is not None and self.settings.executor == "ray"
+        # Under TP only rank 0 drafts; every rank verifies what it broadcasts.
+        self._broadcast = self._tp is not None
         self._check_ranks = self._tp is not None and os.environ.get(CHECK_RANKS_ENV) == "1"
         self.executor: DraftExecutor | None = None
         self.runtime_config: RuntimeConfig | None = None  # resolved when the drafter loads
         # fsd's divergence test, when a rule of this engine verifies with one.
         self.divergence = verify_divergence(self.settings)
         # How many tokens each request drafts this step (0 included): chosen where the
-        # drafts are made (rank 0 with Ray) and, in process under TP, sent from rank 0
-        # so that every rank drafts the same lengths.
+        # drafts are made (rank 0 under TP).
         self.budget = make_budget(self.settings.draft_budget, self.k, self.settings.min_speculative_tokens,
                                   forward_only_rules())
         # algorithm: auto -- each request's rule per step, chosen (and shared) like its length.
         self.rules: RuleChooser | None = None
         if self.settings.algorithm == "auto":
             self.rules = RuleChooser(self.settings.auto_greedy, self.settings.auto_sampled)
-        self._share_plan = self._tp is not None and not self._broadcast and (
-            self.settings.draft_budget == "adaptive" or self.rules is not None)
         self._stats = DrafterStats()
         self.board = MetricsBoard(
             {
@@ -144,8 +145,14 @@ class HeteroProposer:
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Load the drafter (weights and KV pool), after the target: the runners call
         this before vLLM measures memory and sizes its own KV cache, so on CUDA the
-        draft's memory is accounted for. Nothing is shared with the target."""
-        if self.executor is not None or (self._broadcast and self._tp.rank_in_group != 0):
+        draft's memory is accounted for. Nothing is shared with the target. Under TP only
+        rank 0 loads one; the others join the creation of its one-rank process groups,
+        which torch.distributed makes collectively (a Ray drafter has its own world)."""
+        if self.executor is not None:
+            return
+        if self._broadcast and self._tp.rank_in_group != 0:
+            if self.settings.executor == "inprocess":
+                draft_tp_group(self._vllm_config)
             return
         model_config = self._vllm_config.model_config
         # The Ray actor drafts on CPU cores, whatever the target's device.
@@ -223,8 +230,6 @@ class HeteroProposer:
             rules = self.rules.choose(temperatures,
                                       lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, rs))
         lengths = self.budget.plan(req_ids, drafting, row_lengths, rules)
-        if self._share_plan:
-            lengths, rules = self._tp.broadcast_object((lengths, rules), src=0)
         if rules is not None:
             params = [dataclasses.replace(p, rule=rule) for p, rule in zip(params, rules)]
         drafts, rows = None, []
@@ -247,7 +252,7 @@ class HeteroProposer:
                 self.executor.reset()
                 drafts = None
         if self._broadcast:
-            drafts, rows = self._tp.broadcast_object((drafts, rows), src=0)
+            drafts, rows = share_drafts(self._tp, drafts, rows)
         if self._check_ranks:
             self._compare_ranks(req_ids, sampled_token_ids, drafts)
         self._install(req_ids, rows, drafts)

@@ -1,9 +1,8 @@
-"""A tensor-parallel target (TP = 2, two CPU worker processes): in process every rank
-runs a whole drafter of its own (SmolLM2's 9 heads do not divide by 2, so a sharded
-drafter could not even be built) and must draft exactly what the others draft; with a
-Ray actor (one for the whole engine) rank 0 broadcasts its drafts and q rows. Every
-rank must verify the same proposals, so T = 0 output stays identical to the same
-TP = 2 engine without speculation."""
+"""A tensor-parallel target (TP = 2, two CPU worker processes): rank 0 drafts, in process
+with a whole drafter (SmolLM2's 9 heads do not divide by 2, so a sharded drafter could
+not even be built) or through a Ray actor (one for the whole engine), and broadcasts its
+drafts and q rows. Every rank must verify the same proposals, so T = 0 output stays
+identical to the same TP = 2 engine without speculation."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ def tensor_parallel_group(group: Any) -> Iterator[None]:
 
     Why: vLLM's parallel layers read the global TP group (``parallel_state._TP``) when
     they are built (to shard weights) and the logits processor when it runs (to gather
-    logits). Our drafter is replicated on every rank instead of sharded: a small draft
+    logits). Our drafter runs whole on TP rank 0 instead of sharded: a small draft
     model gains nothing from a per-layer all-reduce, and its head counts need not divide
     by the target's TP size (SmolLM2 has 9 heads). So it is built and run with a TP
     group of one rank (``drafter/runtime/model.py``). Targets vLLM 0.32.0's
@@ -45,11 +45,12 @@ def _free_port() -> int:
 
 
 def draft_tp_group(vllm_config: Any) -> Any:
-    """A tensor-parallel group of one rank for the drafter, which every rank runs whole.
+    """A tensor-parallel group of one rank for the drafter, which runs whole.
 
     vLLM's layers need its model-parallel groups. Inside a vLLM worker they exist: with a
     TP target every rank creates (collectively, in the same order) one single-rank
-    group per rank, the drafter's. In a standalone process (a Ray actor, a test, a
+    group per rank, the drafter's on rank 0; the other ranks call this too, for the
+    collective, and drop theirs (``proposer.py``). In a standalone process (a Ray actor, a test, a
     benchmark) we create a world of one and use its TP group."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state

@@ -1,0 +1,45 @@
+"""Every tensor-parallel rank verifies the proposals the scheduler runs (rank 0's) with
+the q they were drawn from, whatever happens on the other ranks: a real two-rank group
+(vLLM's ``GroupCoordinator`` over gloo, two processes) around the real proposer, its
+draft model scripted. Rank 1's drafter, where the design gives it one, either raises or
+rounds its logits one unit in the last place differently; what each rank would verify
+must still be identical, byte for byte."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RANK = Path(__file__).with_name("_tp_rank.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(fault: str, smollm2: str, qwen05: str, tmp_path: Path) -> list[dict]:
+    port = _free_port()
+    outs = [tmp_path / f"rank{r}.pkl" for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(RANK), str(r), str(port), fault, smollm2, qwen05, str(outs[r])],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    return [pickle.loads(o.read_bytes()) for o in outs]
+
+
+@pytest.mark.parametrize("fault", ["raise", "last-bit"])
+def test_every_rank_verifies_rank_zeros_drafts_with_their_q(fault: str, smollm2: str, qwen05: str,
+                                                            tmp_path: Path) -> None:
+    rank0, rank1 = _run_ranks(fault, smollm2, qwen05, tmp_path)
+    assert rank0["fallbacks"] == 0 and rank0["drafter"]
+    drafted = [s for s in rank0["steps"] if any(s["proposals"]) and s["q"] is not None]
+    assert len(drafted) == len(rank0["steps"]), "rank 0 drafted, with q for its sampled request, every step"
+    assert rank1["steps"] == rank0["steps"]
