@@ -37,7 +37,7 @@ from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.placement.executors import DraftExecutor, make_executor
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runtime_config
-from vllm_hetero_spec.drafter.runtime.tp_group import draft_tp_group
+from vllm_hetero_spec.drafter.runtime.tp_group import join_draft_tp_group
 from vllm_hetero_spec.drafts_broadcast import share_drafts
 from vllm_hetero_spec.drafter.strategies.registry import forward_only_rules, request_threshold, verify_divergence
 from vllm_hetero_spec.log import plugin_logger
@@ -152,7 +152,7 @@ class HeteroProposer:
             return
         if self._broadcast and self._tp.rank_in_group != 0:
             if self.settings.executor == "inprocess":
-                draft_tp_group(self._vllm_config)
+                join_draft_tp_group(self._vllm_config)
             return
         model_config = self._vllm_config.model_config
         # The Ray actor drafts on CPU cores, whatever the target's device.

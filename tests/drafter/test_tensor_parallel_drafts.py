@@ -30,8 +30,7 @@ def _run_ranks(fault: str, smollm2: str, qwen05: str, tmp_path: Path) -> list[di
     procs = [subprocess.Popen([sys.executable, str(RANK), str(r), str(port), fault, smollm2, qwen05, str(outs[r])],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     logs = [p.communicate(timeout=300)[0] for p in procs]
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-3000:]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(f"rank {r}: {log[-3000:]}" for r, log in enumerate(logs))
     return [pickle.loads(o.read_bytes()) for o in outs]
 
 

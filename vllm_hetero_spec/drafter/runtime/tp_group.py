@@ -44,28 +44,46 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def draft_tp_group(vllm_config: Any) -> Any:
-    """A tensor-parallel group of one rank for the drafter, which runs whole.
-
-    vLLM's layers need its model-parallel groups. Inside a vLLM worker they exist: with a
-    TP target every rank creates (collectively, in the same order) one single-rank
-    group per rank, the drafter's on rank 0; the other ranks call this too, for the
-    collective, and drop theirs (``proposer.py``). In a standalone process (a Ray actor, a test, a
-    benchmark) we create a world of one and use its TP group."""
+def _worker_group(vllm_config: Any) -> Any | None:
+    """Inside a vLLM worker, the drafter's one-rank TP group; None outside one. With a
+    TP target every rank creates (collectively, in the same order) one single-rank group
+    per rank: rank 0 drafts with its own, the others create theirs only for the
+    collective (:func:`join_draft_tp_group`)."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state
 
-    if parallel_state.model_parallel_is_initialized():
-        tp = parallel_state.get_tp_group()
-        if tp.world_size == 1:
-            return tp
-        world = parallel_state.get_world_group()
-        ranks = [[r] for r in range(world.world_size)]
-        with set_current_vllm_config(vllm_config):
-            return parallel_state.init_model_parallel_group(
-                ranks, world.local_rank, torch.distributed.get_backend(world.device_group),
-                use_device_communicator=False, group_name="hetero_draft_tp",
-            )
+    if not parallel_state.model_parallel_is_initialized():
+        return None
+    tp = parallel_state.get_tp_group()
+    if tp.world_size == 1:
+        return tp
+    world = parallel_state.get_world_group()
+    ranks = [[r] for r in range(world.world_size)]
+    with set_current_vllm_config(vllm_config):
+        return parallel_state.init_model_parallel_group(
+            ranks, world.local_rank, torch.distributed.get_backend(world.device_group),
+            use_device_communicator=False, group_name="hetero_draft_tp",
+        )
+
+
+def join_draft_tp_group(vllm_config: Any) -> None:
+    """On a TP rank that does not draft: take part in creating the drafter's groups,
+    which torch.distributed makes collectively (``proposer.py``); nothing outside a worker."""
+    _worker_group(vllm_config)
+
+
+def draft_tp_group(vllm_config: Any) -> Any:
+    """A tensor-parallel group of one rank for the drafter, which runs whole.
+
+    vLLM's layers need its model-parallel groups. Inside a vLLM worker they exist (see
+    :func:`_worker_group`). In a standalone process (a Ray actor, a test, a benchmark)
+    we create a world of one and use its TP group."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    group = _worker_group(vllm_config)
+    if group is not None:
+        return group
     if vllm_config.device_config.device.type == "cpu":
         # What vLLM's CPU worker does at start: torch.accelerator calls become no-ops
         # (the model loader calls empty_cache, which raises without an accelerator).
