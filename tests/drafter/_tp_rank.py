@@ -18,9 +18,8 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from test_proposer_token_level import ScriptedRuntime  # noqa: E402
+from test_proposer_token_level import ScriptedRuntime, target_config  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
-from vllm.config import CompilationConfig  # noqa: E402
 from vllm.distributed.parallel_state import GroupCoordinator  # noqa: E402
 
 from vllm_hetero_spec import proposer as proposer_module  # noqa: E402
@@ -53,14 +52,7 @@ def main(rank: int, port: int, fault: str, smollm2: str, qwen05: str, out: str) 
     proposer_module._tp_group = lambda: group
     settings = HeteroSettings(algorithm="tli", draft_model=smollm2, draft_tokenizer=smollm2, num_speculative_tokens=3,
                               max_draft_tokens=3, draft_budget="fixed", draft_kv_pool_mb=64, draft_dtype="float32")
-    config = SimpleNamespace(
-        additional_config={"hetero_spec": settings.to_dict()},
-        model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05, seed=0,
-                                     enforce_eager=False, dtype=torch.float32),
-        compilation_config=CompilationConfig(), device_config=SimpleNamespace(device=torch.device("cpu")),
-        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192),
-    )
-    prop = proposer_module.HeteroProposer(config)
+    prop = proposer_module.HeteroProposer(target_config(settings, qwen05))
     prop.load_model(None)
     order = ["greedy", "sampled"]
     requests = {"greedy": SamplingParams(temperature=0.0), "sampled": SamplingParams(temperature=1.0)}

@@ -74,6 +74,17 @@ class ScriptedRuntime:
         return out
 
 
+def target_config(settings: HeteroSettings, target: str) -> SimpleNamespace:
+    """The parts of a CPU engine's ``VllmConfig`` the proposer reads, for ``target``."""
+    return SimpleNamespace(
+        additional_config={"hetero_spec": settings.to_dict()},
+        model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=target, model=target, seed=0,
+                                     enforce_eager=False, dtype=torch.float32),
+        compilation_config=CompilationConfig(), device_config=SimpleNamespace(device=torch.device("cpu")),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192),
+    )
+
+
 @pytest.fixture(scope="module")
 def bridge(smollm2: str, qwen05: str) -> VocabBridge:
     return VocabBridge.build(smollm2, qwen05, 49152, 151936)
@@ -90,14 +101,7 @@ def _proposer(
     settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2, num_speculative_tokens=K,
                               max_draft_tokens=K, fsd_threshold=0.05, draft_budget="fixed", draft_kv_pool_mb=64,
                               **extra)
-    config = SimpleNamespace(
-        additional_config={"hetero_spec": settings.to_dict()},
-        model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=qwen05, model=qwen05, seed=0,
-                                     enforce_eager=False, dtype=torch.float32),
-        compilation_config=CompilationConfig(), device_config=SimpleNamespace(device=torch.device("cpu")),
-        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192),
-    )
-    proposer = proposer_module.HeteroProposer(config)
+    proposer = proposer_module.HeteroProposer(target_config(settings, qwen05))
     proposer.load_model(None)
     # How an accelerator runs the loop (read back once per step, stop rules applied
     # afterwards) rather than the CPU's read per position: the drafts must not differ.
