@@ -39,7 +39,7 @@ from vllm_hetero_spec.drafter.placement.executors import DraftExecutor, make_exe
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runtime_config
 from vllm_hetero_spec.drafter.runtime.tp_group import join_draft_tp_group
 from vllm_hetero_spec.drafts_broadcast import share_drafts
-from vllm_hetero_spec.drafter.strategies.registry import forward_only_rules, request_threshold, verify_divergence
+from vllm_hetero_spec.drafter.strategies.registry import divergence_strategy, forward_only_rules
 from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.policy.budget import make_budget
@@ -79,8 +79,10 @@ class HeteroProposer:
         self._check_ranks = self._tp is not None and os.environ.get(CHECK_RANKS_ENV) == "1"
         self.executor: DraftExecutor | None = None
         self.runtime_config: RuntimeConfig | None = None  # resolved when the drafter loads
-        # fsd's divergence test, when a rule of this engine verifies with one.
-        self.divergence = verify_divergence(self.settings)
+        # fsd's divergence test, when a rule of this engine verifies with one: its
+        # strategy also reads each request's threshold.
+        self._divergence_rule = divergence_strategy(self.settings)
+        self.divergence = None if self._divergence_rule is None else self._divergence_rule.divergence(self.settings)
         # How many tokens each request drafts this step (0 included): chosen where the
         # drafts are made (rank 0 under TP).
         self.budget = make_budget(self.settings.draft_budget, self.k, self.settings.min_speculative_tokens,
@@ -287,7 +289,8 @@ class HeteroProposer:
             return RequestParams()
         tau = self.settings.fsd_threshold
         try:
-            tau = request_threshold(self.settings, p.extra_args)
+            if self._divergence_rule is not None:
+                tau = self._divergence_rule.request_threshold(self.settings, p.extra_args)
         except ValueError as err:
             # The front end rejects bad values (request_validation.py); a request that
             # bypassed it must not take the engine down: keep the configured tau.

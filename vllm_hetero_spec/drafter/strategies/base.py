@@ -9,8 +9,7 @@ The other strategies override the steps that differ (``token_level.py``, ``dtw.p
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -53,12 +52,6 @@ class Strategy:
     def divergence(cls, settings: HeteroSettings) -> tuple[str, int] | None:
         """The divergence test verification applies on top of its rule (``fsd``'s), or None."""
         return None
-
-    @classmethod
-    def request_threshold(cls, settings: HeteroSettings, extra_args: Mapping[str, Any] | None) -> float:
-        """A request's threshold for :meth:`divergence` (unused without one). May raise
-        ``ValueError`` for a bad request argument."""
-        return settings.fsd_threshold
 
     def draft_steps(self, budget: int) -> int:
         """Drafter forwards per step: max_draft_tokens for k target tokens, scaled down

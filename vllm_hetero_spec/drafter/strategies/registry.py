@@ -19,9 +19,6 @@ strategy classes, without an engine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.context import DraftContext
 from vllm_hetero_spec.drafter.strategies.base import Strategy
@@ -59,23 +56,14 @@ def make_strategies(ctx: DraftContext) -> dict[str, Strategy]:
     return {rule: strategy_class(rule, ctx.settings)(ctx, rule) for rule in engine_rules(ctx.settings)}
 
 
-def verify_divergence(settings: HeteroSettings) -> tuple[str, int] | None:
-    """The divergence test verification adds (``fsd``'s), when a rule of this engine has one."""
-    for rule in engine_rules(settings):
-        test = strategy_class(rule, settings).divergence(settings)
-        if test is not None:
-            return test
-    return None
-
-
-def request_threshold(settings: HeteroSettings, extra_args: Mapping[str, Any] | None) -> float:
-    """A request's threshold for :func:`verify_divergence`'s test (the configured one
-    when the engine has none). Raises ``ValueError`` for a bad request argument."""
+def divergence_strategy(settings: HeteroSettings) -> type[Strategy] | None:
+    """The strategy of this engine's rule whose verification adds a divergence test
+    (``fsd``'s), or None: it gives the test and reads each request's threshold."""
     for rule in engine_rules(settings):
         cls = strategy_class(rule, settings)
         if cls.divergence(settings) is not None:
-            return cls.request_threshold(settings, extra_args)
-    return settings.fsd_threshold
+            return cls
+    return None
 
 
 def forward_only_rules() -> frozenset[str]:

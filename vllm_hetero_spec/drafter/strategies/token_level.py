@@ -65,6 +65,8 @@ class Fsd(TokenLevel):
 
     @classmethod
     def request_threshold(cls, settings: HeteroSettings, extra_args: Mapping[str, Any] | None) -> float:
+        """A request's tau: its ``extra_args`` value, else the configured one. Raises
+        ``ValueError`` for a bad request argument."""
         return request_fsd_threshold(extra_args, settings.fsd_threshold)
 
     def assemble(
