@@ -9,9 +9,9 @@ host and device is counted here instead of run:
   of Python data (counted apart, as ``from_python``);
 - device to host: ``.cpu()``/``.to("cpu")``, ``copy_`` into a host tensor, ``.item()``.
 
-``Tensor.copy_`` and ``Tensor.to`` (of a real host tensor to the device) are routed to
-their aten ops while the probe is active: their Python bindings set up CUDA before
-dispatch, which the CPU build cannot.
+``Tensor.copy_``, ``Tensor.to`` (of a real host tensor to the device) and slicing a
+device tensor are routed to their aten ops while the probe is active: their Python
+bindings set up CUDA before dispatch, which the CPU build cannot.
 
 A device-to-host copy returns real host data from ``host_values`` (fake tensors hold
 none), so the code under test goes on as it would after a real transfer; ops on real
@@ -61,6 +61,20 @@ def _to_via_aten(original):
     return to
 
 
+def _getitem_via_aten(original):
+    """``Tensor.__getitem__`` that takes a leading-axis slice of a fake ``cuda`` tensor
+    through ``aten.slice`` (the binding sets up a CUDA device guard first, which the CPU
+    build cannot); any other index as before."""
+
+    def getitem(self, index):
+        if isinstance(self, FakeTensor) and self.device.type == "cuda" and isinstance(index, slice) \
+                and index.step in (None, 1):
+            return aten.slice.Tensor(self, 0, index.start, index.stop)
+        return original(self, index)
+
+    return getitem
+
+
 @dataclass
 class Traffic:
     h2d: int = 0
@@ -78,13 +92,14 @@ class DeviceTraffic(TorchDispatchMode):
         self._fresh: set[int] = set()
 
     def __enter__(self):
-        self._copy, self._to = torch.Tensor.copy_, torch.Tensor.to
+        self._copy, self._to, self._getitem = torch.Tensor.copy_, torch.Tensor.to, torch.Tensor.__getitem__
         torch.Tensor.copy_ = lambda dst, src, non_blocking=False: aten.copy_.default(dst, src, non_blocking)
         torch.Tensor.to = _to_via_aten(self._to)
+        torch.Tensor.__getitem__ = _getitem_via_aten(self._getitem)
         return super().__enter__()
 
     def __exit__(self, *exc):
-        torch.Tensor.copy_, torch.Tensor.to = self._copy, self._to
+        torch.Tensor.copy_, torch.Tensor.to, torch.Tensor.__getitem__ = self._copy, self._to, self._getitem
         return super().__exit__(*exc)
 
     def reset(self) -> Traffic:
@@ -131,7 +146,12 @@ class DeviceTraffic(TorchDispatchMode):
             self._to_host((), args[0].dtype, "item")
             return 0
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if tensors and not any(isinstance(t, FakeTensor) for t in tensors):
+        device = kwargs.get("device")
+        if not tensors and (device is None or torch.device(device).type == "cpu"):
+            with unset_fake_temporarily():  # a host buffer (e.g. vLLM's CpuGpuBuffer's): real, as on a GPU machine
+                return func(*args, **kwargs)
+        if tensors and not any(isinstance(t, FakeTensor) for t in tensors) and (
+                device is None or torch.device(device).type == "cpu"):
             with unset_fake_temporarily():  # host work on real data brought back: run it for real
                 return func(*args, **kwargs)
         if func is aten.exponential_.default and kwargs.get("generator") is not None:

@@ -357,6 +357,48 @@ MUTATIONS = [
         "        return p is not None and p.structured_outputs is not None and p.structured_outputs.json is not None",
         ("tests/drafter/test_proposer_token_level.py", "-k", "structured"),
     ),
+    Mutation(
+        "draft-builders-under-target", "the drafter's metadata builders are made under whatever config is current",
+        "vllm_hetero_spec/drafter/runtime/attention.py",
+        "    with set_current_vllm_config(vllm_config):\n        for group in groups.values():",
+        "    if groups:\n        for group in groups.values():",
+        ("tests/drafter/test_attention_backends.py",),
+    ),
+    Mutation(
+        "draft-seq-lens-readback", "the drafter's forwards hand no host lengths to the backend (FlashInfer reads them back)",
+        "vllm_hetero_spec/drafter/runtime/attention.py",
+        "        seq_lens_cpu_upper_bound=torch.from_numpy(host.seq_lens.copy()),\n",
+        "",
+        ("tests/drafter/test_attention_backends.py",),
+    ),
+    Mutation(
+        "draft-rows-graph-capped", "the drafter's max_num_seqs is its largest graph size (FlashInfer refuses wider forwards)",
+        "vllm_hetero_spec/drafter/runtime/model.py",
+        "        max_num_seqs=cfg.max_forward_tokens,",
+        "        max_num_seqs=min(cfg.max_forward_tokens, max(cfg.graph_sizes or (cfg.max_forward_tokens,))),",
+        ("tests/drafter/test_attention_backends.py",),
+    ),
+    Mutation(
+        "profile-top-k", "the drafter's profile samples with top-k 50 (a partial top-k, not the full sort top-p takes)",
+        "vllm_hetero_spec/drafter/engine.py",
+        "rows = SamplingRows.build([1.0] * n, [0] * n, [0.9] * n,",
+        "rows = SamplingRows.build([1.0] * n, [50] * n, [0.9] * n,",
+        ("tests/drafter/test_draft_loop_device.py", "-k", "profile"),
+    ),
+    Mutation(
+        "profile-no-q-held", "the drafter's profile drops each position's q instead of holding it to the step's end",
+        "vllm_hetero_spec/drafter/strategies/base.py",
+        "            if drawn.verify_q is not None:\n                q_parts.append(drawn.verify_q)\n",
+        "",
+        ("tests/drafter/test_draft_loop_device.py", "-k", "profile"),
+    ),
+    Mutation(
+        "slrs-level-unsliced", "slrs evaluates a whole tree level in one forward however wide",
+        "vllm_hetero_spec/drafter/strategies/slrs/proposer.py",
+        "            for part in _slices(grow, [len(fronts[i]) for i in grow], runtime.cfg.max_rows):",
+        "            for part in [grow]:",
+        ("tests/drafter/test_slrs.py", "-k", "slices"),
+    ),
 ]
 
 

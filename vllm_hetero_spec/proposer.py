@@ -174,6 +174,14 @@ class HeteroProposer:
             logger.info("hetero spec: captured %d draft CUDA graphs", n)
         return n
 
+    def graph_memory(self) -> int:
+        """Bytes the drafter's CUDA graphs will take, added to vLLM's own graph estimate
+        (``vllm_patches.py``) so the KV cache is sized with them counted."""
+        n = self.executor.graph_memory() if self.executor is not None else 0
+        if n:
+            logger.info("hetero spec: draft CUDA graphs take %.1f MiB", n / (1 << 20))
+        return n
+
     def profile(self, num_tokens: int, num_rows: int) -> None:
         """The drafter's transient peak inside vLLM's profile run (``vllm_patches.py``),
         so the memory vLLM leaves for the target's KV cache accounts for it. Only on an

@@ -151,10 +151,12 @@ def _patch_model_runner() -> None:
     we hand the sampler the step's verification plan (compact q, greedy requests,
     union's forced rejections, fsd's thresholds: one object, keyed by request id, instead
     of vLLM's dense ``[B, K, V]`` draft-probabilities slot); we tell the proposer when
-    requests finish, abort or are preempted, let it run the drafter's largest transient
-    in the runner's memory profile (``profile_run``) and capture its CUDA graphs in the
-    runner's capture phase (``capture_model``: vLLM calls a ``custom_class`` proposer's
-    ``dummy_run`` in neither), and let it release its executor (a Ray actor and cluster)
+    requests finish, abort or are preempted, let it run the drafter's worst step in the
+    runner's memory profile (``profile_run``), add its graphs' memory to the runner's
+    own graph estimate (``profile_cudagraph_memory``, which vLLM subtracts from the KV
+    cache's share) and capture its CUDA graphs in the runner's capture phase
+    (``capture_model``: vLLM calls a ``custom_class`` proposer's ``dummy_run`` in none
+    of these), and let it release its executor (a Ray actor and cluster)
     when the runner shuts down."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -238,6 +240,16 @@ def _patch_model_runner() -> None:
         if drafter is not None:
             drafter.profile(self.max_num_tokens, self.max_num_reqs)
 
+    estimate_graphs = GPUModelRunner.profile_cudagraph_memory
+
+    @functools.wraps(estimate_graphs)
+    def profile_cudagraph_memory(self: GPUModelRunner) -> int:
+        estimate = estimate_graphs(self)
+        drafter = _hetero_drafter(self)
+        if drafter is not None:
+            estimate += drafter.graph_memory()
+        return estimate
+
     shutdown = GPUModelRunner.shutdown
 
     @functools.wraps(shutdown)
@@ -255,6 +267,7 @@ def _patch_model_runner() -> None:
     patch(GPUModelRunner, "_update_states", _update_states, why)
     patch(GPUModelRunner, "capture_model", capture_model, why)
     patch(GPUModelRunner, "profile_run", profile_run, why)
+    patch(GPUModelRunner, "profile_cudagraph_memory", profile_cudagraph_memory, why)
 
 
 def spec_config_arg(value: str) -> dict[str, Any] | None:

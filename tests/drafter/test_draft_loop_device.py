@@ -12,6 +12,8 @@ engine steps (new requests with their prompts, then one committed token each).
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -282,3 +284,85 @@ def test_the_profile_run_is_the_largest_forward_and_sampling(monkeypatch, bridge
     (input_ids, _, ctx), = engine.runtime.model.calls
     assert input_ids.shape[0] == engine.runtime.cfg.max_forward_tokens and ctx.attn_metadata is None
     assert traffic[-1].d2h == 0, traffic[-1].where
+
+
+@pytest.mark.parametrize("algorithm", ["tli", "slrs"])
+def test_profile_covers_a_top_p_steps_peak(monkeypatch, bridge, smollm2, qwen05, algorithm) -> None:
+    """``DraftEngine.profile`` -- what vLLM's memory profile sees of the drafter -- peaks
+    at least as high as a real engine step of the same rows: six top-p-only
+    requests (the whole draft vocabulary sorted at each position) drafting ``K``
+    positions with every position's q kept. Peaks are the fake device's bytes above
+    what was allocated before and is still held after (``tests/_device_memory.py``)."""
+    from _device_memory import DeviceMemory
+
+    rows = 6
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(engine_module, "new_generator", lambda device, seed: torch.Generator().manual_seed(seed))
+    monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: bridge)
+    rt = _runtime()
+    monkeypatch.setattr(engine_module, "DraftModelRuntime", lambda cfg: rt)
+    settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2,
+                              num_speculative_tokens=K, max_draft_tokens=K, draft_budget="fixed")
+    prompt = AutoTokenizer.from_pretrained(qwen05).encode("def fibonacci(n):\n    return")
+    top_p = [RequestParams(1.0, top_p=0.9)] * rows
+    req_ids = [f"r{i}" for i in range(rows)]
+    values = _host_values(bridge)
+    with FakeTensorMode(allow_non_fake_inputs=True), DeviceTraffic(values):
+        rt.model = _TinyModel()
+        rt.graphs = DraftGraphs(rt.vllm_config, CUDA)
+        engine = engine_module.DraftEngine(settings, qwen05, TARGET_V)
+        steps = []
+        for n in range(2):  # the prompts' catch-up, then a step of K positions
+            with DeviceMemory() as memory:
+                out = engine.step(StepBatch(req_ids, [np.array(prompt + [220] * n)] * rows, top_p, K))
+                assert all(out.ready)
+                del out
+            # What stays is persistent (the staging buffers' device side, allocated at the
+            # first forward), not the step's transient.
+            steps.append(memory.peak - memory.live)
+        with DeviceMemory() as memory:
+            engine.profile(rows * len(prompt), rows)
+    profiled = memory.peak - memory.live
+    assert profiled >= max(steps) > 0, (profiled, steps)
+
+
+def test_graph_memory_is_measured_in_a_pool_of_its_own(monkeypatch) -> None:
+    """``graph_memory`` measures the drafter's graphs as vLLM's runner measures its own
+    before sizing the KV cache: every wrapper pointed at a temporary pool while the
+    buckets are captured, the free memory compared around the capture, then every graph
+    dropped, the pools and vLLM's capture counter restored. Eager, it measures nothing.
+    (The device's memory queries are stand-ins: the CPU build has none.)"""
+    from vllm.compilation.counter import compilation_counter
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.platforms import current_platform
+
+    class Wrapper:
+        graph_pool = "global pool"
+
+    wrapper = Wrapper()
+    monkeypatch.setattr(CUDAGraphWrapper, "_all_instances", weakref.WeakSet([wrapper]))
+    cleared = []
+    monkeypatch.setattr(CUDAGraphWrapper, "clear_all_graphs", classmethod(lambda cls: cleared.append(True)))
+    free = iter([10 << 20, 7 << 20])
+    monkeypatch.setattr(torch.accelerator, "get_memory_info", lambda *a: (next(free), 80 << 30))
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.accelerator, "empty_cache", lambda *a: None)
+    monkeypatch.setattr(current_platform, "graph_pool_handle", lambda: "profiling pool", raising=False)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    captured_before = compilation_counter.num_cudagraph_captured
+    rt, eager = _runtime([1, 2, 4, 8]), _runtime()
+    pools = []
+
+    def capture(warmups: int = 1) -> int:
+        pools.append(wrapper.graph_pool)
+        compilation_counter.num_cudagraph_captured += 4
+        return 4
+
+    monkeypatch.setattr(rt, "capture_graphs", capture)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        rt.model = eager.model = _TinyModel()
+        rt.graphs, eager.graphs = DraftGraphs(rt.vllm_config, CUDA), DraftGraphs(eager.vllm_config, CUDA)
+        assert eager.graph_memory() == 0 and not cleared
+        assert rt.graph_memory() == 3 << 20
+    assert pools == ["profiling pool"] and wrapper.graph_pool == "global pool" and cleared == [True]
+    assert compilation_counter.num_cudagraph_captured == captured_before

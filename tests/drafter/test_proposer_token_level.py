@@ -37,6 +37,7 @@ class ScriptedRuntime:
     confidence: dict[int, float] = {}
 
     def __init__(self, cfg) -> None:
+        self.cfg = cfg
         self.vocab_size = 49152
         self.calls = 0
         self.fed: list[list[int]] = []
@@ -81,7 +82,7 @@ def target_config(settings: HeteroSettings, target: str) -> SimpleNamespace:
         model_config=SimpleNamespace(get_vocab_size=lambda: 151936, tokenizer=target, model=target, seed=0,
                                      enforce_eager=False, dtype=torch.float32),
         compilation_config=CompilationConfig(), device_config=SimpleNamespace(device=torch.device("cpu")),
-        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192, max_num_seqs=64),
     )
 
 

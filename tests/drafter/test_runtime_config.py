@@ -37,6 +37,7 @@ def test_an_engine_on_cuda_takes_the_targets_dtype_graphs_and_batch(smollm2: str
     cfg, why = resolve_runtime_config(_settings(smollm2), _target("cuda"))
     assert cfg.dtype == torch.bfloat16 and cfg.graph_sizes == (1, 2, 4, 8)
     assert cfg.max_forward_tokens == 2048 and cfg.kv_pool_mb >= 16
+    assert cfg.max_rows == 8  # the rows the target's own sampler is profiled at
     assert set(why) == {"dtype", "kv pool", "CUDA graphs"} and "target's dtype" in why["dtype"]
 
 

@@ -13,6 +13,7 @@ from functools import lru_cache
 import pytest
 import torch
 
+from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
 from vllm_hetero_spec.drafter.strategies.slrs.psi import PsiPlanner, TreeBuilder
 from vllm_hetero_spec.verify.rules import verify_block
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
@@ -178,3 +179,55 @@ def test_a_psi_that_is_not_the_proposal_law_is_detected() -> None:
         torch.rand(N, 1, dtype=torch.float64), torch.empty(N, vt).exponential_(),
     )
     assert follows_pvalue(out[:, 0], p) < 1e-6
+
+
+class _TreeDrafter:
+    """Stands in for the draft runtime's tree forward: a node's logits are a seeded
+    function of its request, parent and token. Records the rows of every forward."""
+
+    def __init__(self, max_rows: int):
+        self.cfg = RuntimeConfig("stand-in", max_rows=max_rows)
+        self.widths: list[int] = []
+
+    def grow_trees(self, caches, trees, parents, tokens) -> list[torch.Tensor]:
+        self.widths.append(sum(map(len, tokens)))
+        out = []
+        for cache, par, toks in zip(caches, parents, tokens):
+            rows = [torch.randn(len(DRAFT), generator=torch.Generator().manual_seed(hash((cache.tag, p, t)) % 2**31))
+                    for p, t in zip(par, toks)]
+            out.append(torch.stack(rows) * 1.5)
+        return out
+
+
+def _propose(max_rows: int) -> tuple[list, list[int]]:
+    from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool, PagedCache
+    from vllm_hetero_spec.drafter.sampling import SamplingRows
+    from vllm_hetero_spec.drafter.strategies.slrs.proposer import StringLevelProposer
+
+    proposer = StringLevelProposer(DRAFT, TARGET, None, None, len(TARGET), max_nodes=6, num_candidates=4)
+    caches = [PagedCache(BlockPool(64, 16, 0)) for _ in range(5)]
+    for tag, cache in enumerate(caches):
+        cache.tag = tag
+    root = torch.randn(5, len(DRAFT), generator=torch.Generator().manual_seed(1)) * 1.5
+    rows = SamplingRows.build([1.0] * 5, [0] * 5, [1.0] * 5, [None] * 5, torch.device("cpu"),
+                              torch.Generator().manual_seed(2))
+    drafter = _TreeDrafter(max_rows)
+    first = proposer.propose(drafter, caches, root, rows)
+    return [(t, q.probs.tolist() if q is not None else None) for t, q in zip(first.target_ids, first.q_rows)], drafter.widths
+
+
+def test_tree_levels_wider_than_max_rows_run_in_slices() -> None:
+    """A level wider than ``max_rows`` is evaluated in slices, each request's nodes
+    whole in one slice (one wider than the cap alone), with the same psi and the same
+    draws as in one forward."""
+    from vllm_hetero_spec.drafter.strategies.slrs.proposer import _slices
+
+    whole, whole_widths = _propose(10_000)
+    sliced, sliced_widths = _propose(6)
+    assert sliced == whole and any(t is not None for t, _ in whole)
+    assert max(whole_widths) > 6 and max(sliced_widths) <= 6 and sum(sliced_widths) == sum(whole_widths)
+    assert _slices([0, 1, 2, 3], [3, 3, 3, 3], 6) == [[0, 1], [2, 3]]
+    assert _slices([0, 1, 2], [2, 9, 1], 4) == [[0], [1], [2]]
+    assert _slices([5, 7], [1, 1], 256) == [[5, 7]]
+    assert sum(_slices(list(range(40)), [32] * 40, 256), []) == list(range(40))
+    assert all(len(s) * 32 <= 256 for s in _slices(list(range(40)), [32] * 40, 256))

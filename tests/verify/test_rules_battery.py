@@ -30,6 +30,7 @@ import torch
 
 from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool, PagedCache
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
+from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
 from vllm_hetero_spec.drafter.strategies.slrs.proposer import StringLevelProposer
 from vllm_hetero_spec.drafter.strategies.mapped_sampling import draft_step
 from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES, divergence
@@ -208,6 +209,7 @@ class MarkovDrafter:
 
     def __init__(self, logits: torch.Tensor):
         self.logits = logits
+        self.cfg = RuntimeConfig("markov")
 
     def grow_trees(self, caches, trees, parents, tokens) -> list[torch.Tensor]:
         return [self.logits[torch.tensor(t)] for t in tokens]

@@ -37,7 +37,7 @@ from vllm_hetero_spec.drafter.request_state import RequestState
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runtime_config
 from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime
 from vllm_hetero_spec.drafter.runtime.paged_kv import PoolExhausted
-from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows, processed_probs, sample
+from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows
 from vllm_hetero_spec.drafter.strategies.base import Strategy
 from vllm_hetero_spec.drafter.strategies.registry import make_strategies
 from vllm_hetero_spec.vocab.bridge import VocabBridge
@@ -125,14 +125,18 @@ class DraftEngine:
         return dataclasses.replace(self.stats)
 
     def profile(self, num_tokens: int, num_rows: int) -> None:
-        """The drafter's transient peak, for vLLM's memory profile: its largest forward
-        and ``num_rows`` rows sampled through the costliest path (temperature, top-k and
-        top-p over the whole draft vocabulary). Draws from a stream of its own."""
-        logits = self.runtime.dummy_logits(num_tokens, num_rows)
+        """The drafter's worst step, for vLLM's memory profile: its largest forward, then
+        for every rule the engine drafts with, ``num_rows`` rows sampled through the
+        costliest path at every draft position, each position's q held as the draft
+        loop holds it until the step ends (``Strategy.profile``). The rows ask for top-p
+        alone, which sorts the whole draft vocabulary (a top-k takes a partial top-k
+        instead). Draws from a stream of its own."""
+        logits = self.runtime.dummy_logits(num_tokens, num_rows).narrow(1, 0, len(self.bridge.draft_bytes))
         n = logits.shape[0]
         gen = new_generator(self.runtime.device, 0)
-        rows = SamplingRows.build([1.0] * n, [50] * n, [0.9] * n, [None] * n, self.runtime.device, gen)
-        sample(processed_probs(logits, rows), rows)
+        rows = SamplingRows.build([1.0] * n, [0] * n, [0.9] * n, [None] * n, self.runtime.device, gen)
+        for strategy in {id(s): s for s in self.strategies.values()}.values():
+            strategy.profile(logits, rows, self.k)
 
     # -- per-step work ----------------------------------------------------------------
 

@@ -37,6 +37,10 @@ class DraftExecutor(Protocol):
         """Capture the drafter's CUDA graphs, when the engine captures its own; how many
         (0 where it drafts eagerly)."""
 
+    def graph_memory(self) -> int:
+        """Bytes the drafter's CUDA graphs will take on the engine's device (measured by
+        capturing them once, then dropping them); 0 where it drafts eagerly."""
+
     def profile(self, num_tokens: int, num_rows: int) -> None:
         """Run the drafter's largest transient (``DraftEngine.profile``) where vLLM's
         memory profile sees it; nothing where drafting runs elsewhere."""
@@ -67,6 +71,9 @@ class InProcessExecutor:
 
     def capture_graphs(self) -> int:
         return self.engine.runtime.capture_graphs()
+
+    def graph_memory(self) -> int:
+        return self.engine.runtime.graph_memory()
 
     def profile(self, num_tokens: int, num_rows: int) -> None:
         self.engine.profile(num_tokens, num_rows)

@@ -315,6 +315,10 @@ class RayExecutor:
         """None: the actor drafts on CPU cores, where vLLM captures no graphs."""
         return 0
 
+    def graph_memory(self) -> int:
+        """None on the engine's device: the actor drafts eagerly on CPU cores."""
+        return 0
+
     def profile(self, num_tokens: int, num_rows: int) -> None:
         """Nothing: the actor's memory is not the engine's device's."""
 

@@ -21,6 +21,7 @@ from vllm_hetero_spec.drafter.runtime.draft_dtype import cpu_flags, platform_dev
 from vllm_hetero_spec.drafter.runtime.pool_size import STANDALONE_MB, engine_pool_mb
 
 DEFAULT_FORWARD_TOKENS = 8192
+DEFAULT_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class RuntimeConfig:
             requests' prompts) runs in several, so the drafter's transient memory is
             bounded by what vLLM's profile run measures (an engine's drafter takes the
             target's ``max_num_batched_tokens``).
+        max_rows: the most rows one step samples at once (an engine's drafter takes the
+            target's ``max_num_seqs``, the rows vLLM's own sampler is profiled at):
+            wider work, such as ``slrs``'s tree levels, runs in slices of this many, so
+            the drafter's transient peak is the one its profile run measures.
     """
 
     model: str
@@ -48,6 +53,7 @@ class RuntimeConfig:
     max_model_len: int | None = None
     graph_sizes: tuple[int, ...] = ()
     max_forward_tokens: int = DEFAULT_FORWARD_TOKENS
+    max_rows: int = DEFAULT_ROWS
 
 
 def resolve_runtime_config(
@@ -82,9 +88,12 @@ def resolve_runtime_config(
         sizes = tuple(sorted(set(graphs))) if isinstance(graphs, list) else ()
     graphs_why = f"at sizes {list(sizes)}" if sizes else "off (eager)"
 
-    forward_tokens = DEFAULT_FORWARD_TOKENS
-    if target is not None and device_type == target.device_config.device.type:
-        forward_tokens = target.scheduler_config.max_num_batched_tokens
-    cfg = RuntimeConfig(settings.draft_model, dtype, pool, graph_sizes=sizes, max_forward_tokens=forward_tokens)
+    forward_tokens, rows = DEFAULT_FORWARD_TOKENS, DEFAULT_ROWS
+    if target is not None:
+        rows = target.scheduler_config.max_num_seqs
+        if device_type == target.device_config.device.type:
+            forward_tokens = target.scheduler_config.max_num_batched_tokens
+    cfg = RuntimeConfig(settings.draft_model, dtype, pool, graph_sizes=sizes, max_forward_tokens=forward_tokens,
+                        max_rows=rows)
     return cfg, {"dtype": f"{dtype_name} ({dtype_why})", "kv pool": f"{pool} MiB ({pool_why})",
                  "CUDA graphs": graphs_why}

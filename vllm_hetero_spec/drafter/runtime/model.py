@@ -17,12 +17,12 @@ here, in the layout the backend reads, and bound to its layers.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import torch
 
+from vllm_hetero_spec.drafter.runtime.attention import attention_groups, common_metadata, draft_block_size, step_metadata
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
 from vllm_hetero_spec.drafter.runtime.cuda_graphs import DraftGraphs, graph_compilation_config
 from vllm_hetero_spec.drafter.runtime.input_staging import InputStaging
@@ -43,14 +43,12 @@ def _draft_vllm_config(cfg: RuntimeConfig):
     added a long compile to start-up (docs/drafter.md, "What is ours, and why":
     Evidence). A compiled drafter's token budget is ``max_forward_tokens``:
     vLLM compiles for token counts up to its ``max_num_batched_tokens`` and refuses a
-    larger forward."""
+    larger forward. Its ``max_num_seqs`` is the same cap: the most rows a forward holds
+    (``slrs``'s tree nodes are rows of one token each), which backends size their
+    per-row buffers by (FlashInfer refuses a wider batch)."""
     from vllm.engine.arg_utils import EngineArgs
 
     dtype = str(cfg.dtype).removeprefix("torch.")
-    budget = {}
-    if cfg.graph_sizes:
-        budget = {"max_num_batched_tokens": cfg.max_forward_tokens,
-                  "max_num_seqs": min(cfg.max_forward_tokens, max(cfg.graph_sizes))}
     args = EngineArgs(
         model=cfg.model,
         dtype=dtype,
@@ -59,7 +57,8 @@ def _draft_vllm_config(cfg: RuntimeConfig):
         compilation_config=graph_compilation_config(cfg.graph_sizes),
         skip_tokenizer_init=True,
         enable_prefix_caching=False,
-        **budget,
+        max_num_batched_tokens=cfg.max_forward_tokens,
+        max_num_seqs=cfg.max_forward_tokens,
     )
     return args.create_engine_config()
 
@@ -96,19 +95,12 @@ class DraftModelRuntime:
 
     def _build_pool(self, layers: dict) -> None:
         """Allocate the pool (one tensor per layer, laid out as vLLM lays out a KV cache
-        for these backends: ``drafter/runtime/kv_layout.py``), bind it, and
-        build one metadata builder per distinct layer spec (e.g. Gemma-3's sliding and
-        global layers), as ``LLMBaseProposer.initialize_attn_backend`` does."""
-        from vllm.v1.attention.backend import MultipleOf
-        from vllm.v1.worker.utils import AttentionGroup
-
+        for these backends: ``drafter/runtime/kv_layout.py``), bind it, and build the
+        metadata builders, all under the drafter's own config
+        (``drafter/runtime/attention.py``)."""
         specs = {name: layers[name].get_kv_cache_spec(self.vllm_config) for name in self.layer_names}
         backends = {name: layers[name].get_attn_backend() for name in self.layer_names}
-        block_size = 16
-        for name in self.layer_names:
-            for size in backends[name].get_supported_kernel_block_sizes():
-                base = size.base if isinstance(size, MultipleOf) else int(size)
-                block_size = math.lcm(block_size, base)
+        block_size = draft_block_size(self.vllm_config, specs, backends)
         specs = {n: s.copy_with_new_block_size(block_size) for n, s in specs.items()}
         per_block = sum(s.page_size_bytes for s in specs.values())
         num_blocks = max(1, (self.cfg.kv_pool_mb << 20) // per_block)
@@ -119,17 +111,7 @@ class DraftModelRuntime:
         for name in self.layer_names:
             layers[name].bind_kv_cache(caches[name])
             self.kv.append(caches[name])
-        groups: dict[tuple, AttentionGroup] = {}
-        for name in self.layer_names:
-            key = (backends[name].full_cls_name(), type(specs[name]).__name__, getattr(specs[name], "sliding_window", None))
-            if key in groups:
-                groups[key].layer_names.append(name)
-            else:
-                groups[key] = AttentionGroup(backend=backends[name], layer_names=[name], kv_cache_spec=specs[name],
-                                             kv_cache_group_id=len(groups))
-        for group in groups.values():
-            group.create_metadata_builders(self.vllm_config, self.device)
-        self.groups = list(groups.values())
+        self.groups = attention_groups(self.vllm_config, specs, backends, self.device)
 
     def _copy_blocks(self, src: list[int], dst: list[int]) -> None:
         s = to_device(src, torch.long, self.device)
@@ -207,7 +189,6 @@ class DraftModelRuntime:
         (:class:`DraftGraphs`)."""
         from vllm.config import CUDAGraphMode
         from vllm.forward_context import set_forward_context
-        from vllm.v1.attention.backend import CommonAttentionMetadata
 
         bs = self.pool.block_size
         b, t = len(caches), sum(lengths)
@@ -234,22 +215,8 @@ class DraftModelRuntime:
         positions, slots = dev.positions, dev.slots
         if mode != CUDAGraphMode.NONE:
             input_ids, positions, slots = self.graphs.stage(input_ids, positions, slots, batch.num_tokens)
-        cam = CommonAttentionMetadata(
-            query_start_loc=dev.query_start_loc,
-            query_start_loc_cpu=torch.from_numpy(host.query_start_loc),
-            seq_lens=dev.seq_lens,
-            num_reqs=b,
-            num_actual_tokens=t,
-            max_query_len=int(n.max()),
-            max_seq_len=int(host.seq_lens.max()),
-            block_table_tensor=dev.block_table,
-            slot_mapping=dev.slots,
-            positions=dev.positions,
-        )
-        metadata = {}
-        for group in self.groups:
-            built = group.get_metadata_builder().build_for_drafting(cam, draft_index)
-            metadata.update({name: built for name in group.layer_names})
+        cam = common_metadata(host, dev, t, int(n.max()))
+        metadata = step_metadata(self.vllm_config, self.groups, cam, draft_index)
         with set_forward_context(
             metadata, self.vllm_config, num_tokens=batch.num_tokens, cudagraph_runtime_mode=mode,
             batch_descriptor=batch, slot_mapping={name: slots for name in self.layer_names},
@@ -260,9 +227,10 @@ class DraftModelRuntime:
     @torch.inference_mode()
     def dummy_logits(self, num_tokens: int, num_rows: int) -> torch.Tensor:
         """The drafter's largest forward, for vLLM's memory profile: ``num_tokens``
-        tokens (capped as every forward is) and the float32 logits ``[num_rows, vocab]``.
-        No attention metadata, so attention layers skip and no KV is written, as in
-        vLLM's own dummy runs."""
+        tokens (capped as every forward is) and the float32 logits ``[num_rows, vocab]``
+        (more rows than tokens are gathered in forwards of at most ``max_forward_tokens``
+        rows, as :meth:`forward` runs them). No attention metadata, so attention layers
+        skip and no KV is written, as in vLLM's own dummy runs."""
         from vllm.forward_context import set_forward_context
 
         n = min(num_tokens, self.cfg.max_forward_tokens)
@@ -270,7 +238,9 @@ class DraftModelRuntime:
         with set_forward_context(None, self.vllm_config, num_tokens=n, slot_mapping={}), \
                 tensor_parallel_group(self.tp_group):
             hidden = self.model(input_ids=ids, positions=ids)
-            return self.model.compute_logits(hidden.narrow(0, 0, min(num_rows, n))).float()
+            parts = [self.model.compute_logits(hidden.narrow(0, 0, min(n, num_rows - start))).float()
+                     for start in range(0, num_rows, n)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @torch.inference_mode()
     def capture_graphs(self, warmups: int = 1) -> int:
@@ -300,6 +270,44 @@ class DraftModelRuntime:
         finally:
             monitor.set_cudagraph_capturing_enabled(allowed)
         return len(plan)
+
+    @torch.inference_mode()
+    def graph_memory(self) -> int:
+        """The bytes the drafter's CUDA graphs take, measured as vLLM's runner measures
+        its own before sizing the KV cache (``profile_cudagraph_memory``): every bucket
+        captured into a temporary pool, the device's free memory compared before and
+        after, the graphs then dropped (they are captured for good in the capture
+        phase). 0 when graphs are off. Must run where every other graph is cleared
+        (right after vLLM's own estimate), since it clears them all."""
+        from vllm.compilation.counter import compilation_counter
+        from vllm.compilation.cuda_graph import CUDAGraphWrapper
+        from vllm.config import CUDAGraphMode
+        from vllm.platforms import current_platform
+
+        plan = self.graphs.capture_plan()
+        if not plan:
+            return 0
+        with tensor_parallel_group(self.tp_group):
+            self._dummy(plan[0][1], CUDAGraphMode.NONE)  # compiled, so the graph wrappers exist
+        wrappers = list(CUDAGraphWrapper._all_instances)
+        pools = {id(w): w.graph_pool for w in wrappers}
+        pool = current_platform.graph_pool_handle()
+        captured = compilation_counter.num_cudagraph_captured
+        for wrapper in wrappers:
+            wrapper.graph_pool = pool
+        try:
+            torch.accelerator.synchronize()
+            torch.accelerator.empty_cache()
+            free_before = torch.accelerator.get_memory_info()[0]
+            self.capture_graphs(warmups=1)
+            torch.accelerator.synchronize()
+            used = free_before - torch.accelerator.get_memory_info()[0]
+        finally:
+            CUDAGraphWrapper.clear_all_graphs()
+            for wrapper in wrappers:
+                wrapper.graph_pool = pools[id(wrapper)]
+            compilation_counter.num_cudagraph_captured = captured
+        return max(used, 0)
 
     def _dummy(self, batch: Any, mode: Any) -> None:
         """One forward of ``batch.num_tokens`` tokens on the graph buffers, in ``mode``,

@@ -63,6 +63,19 @@ class Strategy:
         q = processed_probs(logits, rows)
         return Sampled(sample(q, rows), q)
 
+    def profile(self, logits: torch.Tensor, rows: SamplingRows, budget: int) -> None:
+        """This rule's worst sampling for vLLM's memory profile: every draft position of
+        a ``budget`` step sampled from ``logits`` ``[n, draft_vocab]``, each position's
+        ids and q kept to the end and the q parts then joined, as the draft loop does."""
+        ids, q_parts = [], []
+        for _ in range(self.draft_steps(budget)):
+            drawn = self.sample(logits, rows)
+            ids.append(drawn.ids)
+            if drawn.verify_q is not None:
+                q_parts.append(drawn.verify_q)
+        if q_parts:
+            torch.cat(q_parts)
+
     def confidence_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The untempered distribution ``draft_stop_prob`` reads (q is one-hot when greedy)."""
         return logits

@@ -140,28 +140,43 @@ class StringLevelProposer:
                 tree.release()
         return self._draw_first(builders, eos_mass, rows)
 
+    def profile(self, root_logits: torch.Tensor, rows: SamplingRows) -> None:
+        """What :meth:`propose` holds on the device at its widest, for vLLM's memory
+        profile: the contexts' q and EOS mass, then a tree level as wide as the contexts
+        (a level is sliced to ``max_rows`` rows, which ``root_logits`` has): its forward
+        logits, their gathered copy and its probabilities."""
+        q_dev = processed_probs(root_logits, rows)
+        held = [q_dev, (q_dev * self.textless).sum(dim=1, dtype=torch.float64)]
+        level = root_logits.clone()
+        owners = rows.select(list(range(level.shape[0])))
+        processed_probs(torch.cat([level, level.narrow(0, 0, 0)]), owners).cpu()
+        held.clear()
+
     def _evaluate(
         self, runtime: DraftModelRuntime, caches: list[PagedCache], trees: list[TokenTree],
         builders: list[TreeBuilder], rows: SamplingRows,
     ) -> None:
-        """Grow every request's psi tree level by level, one forward and one read-back
-        per level for the whole batch."""
+        """Grow every request's psi tree level by level: per level one forward and one
+        read-back for the whole batch, or per slice of at most ``runtime.cfg.max_rows``
+        nodes when a level is wider (each request's nodes stay in one slice), so a
+        level's logits and probabilities never outgrow the drafter's profiled peak."""
         n = len(caches)
         while True:
             fronts = [b.frontier() for b in builders]
             grow = [i for i in range(n) if fronts[i]]
             if not grow:
                 break
-            levels = runtime.grow_trees(
-                [caches[i] for i in grow], [trees[i] for i in grow],
-                [[node for node, _ in fronts[i]] for i in grow], [[v for _, v in fronts[i]] for i in grow],
-            )
-            sizes = [level.shape[0] for level in levels]
-            owners = [i for i, size in zip(grow, sizes) for _ in range(size)]
-            # The planner reads these rows entry by entry: it works on the host.
-            probs = processed_probs(torch.cat(levels), rows.select(owners)).cpu()
-            for i, level in zip(grow, probs.split(sizes)):
-                builders[i].add(level)
+            for part in _slices(grow, [len(fronts[i]) for i in grow], runtime.cfg.max_rows):
+                levels = runtime.grow_trees(
+                    [caches[i] for i in part], [trees[i] for i in part],
+                    [[node for node, _ in fronts[i]] for i in part], [[v for _, v in fronts[i]] for i in part],
+                )
+                sizes = [level.shape[0] for level in levels]
+                owners = [i for i, size in zip(part, sizes) for _ in range(size)]
+                # The planner reads these rows entry by entry: it works on the host.
+                probs = processed_probs(torch.cat(levels), rows.select(owners)).cpu()
+                for i, level in zip(part, probs.split(sizes)):
+                    builders[i].add(level)
 
     def _draw_first(self, builders: list[TreeBuilder], eos_mass: torch.Tensor, rows: SamplingRows) -> FirstTokens:
         """psi on C per request, renormalized, and the first target token drawn from it
@@ -200,6 +215,20 @@ class StringLevelProposer:
             text = self.target_bytes[pick]
             out.draft_ids[i] = (self.draft.segment(text) or []) if text else []
         return out
+
+
+def _slices(items: list[int], sizes: list[int], cap: int) -> list[list[int]]:
+    """``items`` in order, cut into runs whose ``sizes`` sum to at most ``cap`` (an item
+    larger than ``cap`` runs alone)."""
+    out: list[list[int]] = []
+    total = cap
+    for item, size in zip(items, sizes):
+        if total + size > cap:
+            out.append([])
+            total = 0
+        out[-1].append(item)
+        total += size
+    return out
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

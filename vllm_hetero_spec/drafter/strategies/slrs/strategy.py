@@ -4,10 +4,12 @@ q; the rest of the step is re-tokenized draft text, verified one-hot."""
 
 from __future__ import annotations
 
+import torch
+
 from vllm_hetero_spec.drafter.context import DraftContext
 from vllm_hetero_spec.drafter.messages import DraftOutput, FirstToken, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.request_state import RequestState
-from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
+from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows
 from vllm_hetero_spec.drafter.strategies.base import Strategy
 from vllm_hetero_spec.drafter.strategies.slrs.proposer import StringLevelProposer
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
@@ -26,6 +28,12 @@ class Slrs(Strategy):
             bridge.draft_bytes, bridge.target_bytes, bridge.target_encoder, ctx.target_eos, ctx.target_vocab,
             settings.slrs_max_nodes, settings.slrs_candidates, settings.slrs_min_prob, ctx.device,
         )
+
+    def profile(self, logits: torch.Tensor, rows: SamplingRows, budget: int) -> None:
+        """The draft loop's positions, then psi's tree at its widest
+        (``StringLevelProposer.profile``)."""
+        super().profile(logits, rows, budget)
+        self.proposer.profile(logits, rows)
 
     def first_tokens(self, req_ids: list[str], states: list[RequestState]) -> dict[str, FirstToken]:
         """For each sampling request (greedy ones verify by argmax, where psi plays no
