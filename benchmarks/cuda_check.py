@@ -1,4 +1,8 @@
-"""The per-step tensor work that needs no vLLM, run on a real GPU: verification and drafting.
+"""The one-command GPU check. Its tensor stage is the per-step tensor work that needs no
+vLLM, run on a real GPU: verification and drafting; its engine stage
+(``benchmarks/gpu_engine_check.py``) runs real vLLM engines on FlashAttention and
+FlashInfer. ``--dry-run`` prints the plan anywhere; without CUDA the script refuses
+(exit 2) unless asked for the tensor stage on the CPU (``--device cpu --no-engine``).
 
 The GPU machines lent to this project carry torch but no vLLM (vLLM's CUDA wheel does
 not travel there), so this checks what can run without it: the verification rule
@@ -20,8 +24,10 @@ the target vocabulary (``drafter/sampling.py``, ``drafter/strategies/mapped_samp
 4. **Timings**: CUDA events per call at batch 1, 8 and 64, k = 4, Qwen2.5's
    151,936-token vocabulary and SmolLM2's 49,152.
 
-    PYTHONPATH=.:tests python3 benchmarks/cuda_check.py --out DIR     # on a CUDA machine
-    .venv/bin/python benchmarks/cuda_check.py --device cpu --samples 20000 --no-timings  # the checks on CPU
+    python benchmarks/cuda_check.py                  # on a CUDA machine with vLLM: both stages
+    python benchmarks/cuda_check.py --no-engine      # a CUDA machine without vLLM: the tensor stage
+    python benchmarks/cuda_check.py --dry-run        # anywhere: what it would run
+    .venv/bin/python benchmarks/cuda_check.py --device cpu --no-engine --samples 20000 --no-timings  # CPU
 
 Writes ``cuda_check.{json,md}`` to ``--out`` (default ``benchmarks/results``), through
 ``benchmarks/report.py``.
@@ -30,6 +36,7 @@ Writes ``cuda_check.{json,md}`` to ``--out`` (default ``benchmarks/results``), t
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import platform
 import statistics
 import sys
@@ -294,7 +301,7 @@ def markdown(result: dict) -> str:
         "|---|---|",
         f"| agreement: emitted tokens, CPU vs device, {a['verify_steps']} steps of 8 rows x k = 4, V = 151,936 | "
         f"{a['rows_differing']} rows differ |",
-        f"| agreement: draft q, max abs difference | "
+        "| agreement: draft q, max abs difference | "
         + ", ".join(f"{k} {v:.1e}" for k, v in a["max_abs_q_difference"].items()) + " |",
         f"| agreement: greedy draft ids | {'equal' if a['greedy_draft_ids_equal'] else 'DIFFER'} |",
     ]
@@ -318,15 +325,54 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dry_run(args: argparse.Namespace) -> dict:
+    """What a run would do, printed; runs nothing and needs no GPU."""
+    import gpu_engine_check
+
+    lines = ["# benchmarks/cuda_check.py: the plan (dry run, nothing runs)", "",
+             f"Tensor stage, on `{args.device}` (torch only, no vLLM): agreement with the CPU over {args.seeds} "
+             f"verification steps; no host sync under `torch.cuda.set_sync_debug_mode(\"error\")`; "
+             f"4 lossless chi-square tests of {args.samples:,} samples and a control"
+             + ("" if args.no_timings else "; CUDA-event timings at batch 1, 8, 64") + "."]
+    if args.no_engine:
+        lines.append("Engine stage: off (`--no-engine`).")
+    else:
+        lines += ["", "Engine stage (vLLM on CUDA):", *[f"- {line}" for line in gpu_engine_check.plan()],
+                  "", "It needs:", *[f"- {need}" for need in gpu_engine_check.NEEDS]]
+    lines += ["", f"Writes `cuda_check.json` and `cuda_check.md` to `{args.out}`."]
+    print("\n".join(lines))
+    return {"ok": True, "dry_run": True, "plan": lines}
+
+
+def refusal(args: argparse.Namespace) -> str | None:
+    """Why this run cannot go ahead here (None: it can)."""
+    if args.device == "cpu":
+        return None if args.no_engine else "the engine stage needs CUDA: add --no-engine to run the tensor checks on CPU"
+    if not torch.cuda.is_available():
+        return (f"no CUDA device here (torch {torch.__version__}): this check runs on an NVIDIA GPU. "
+                "`--dry-run` shows what it would run; `--device cpu --no-engine` runs the tensor checks on the CPU.")
+    if not args.no_engine and importlib.util.find_spec("vllm") is None:
+        return "the engine stage needs vLLM's CUDA build (pip install vllm==0.32.0); or add --no-engine"
+    return None
+
+
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description="The one-command GPU check: tensor stage (torch), engine stage (vLLM).")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--samples", type=int, default=400_000, help="verification blocks per chi-square test")
     ap.add_argument("--seeds", type=int, default=20, help="verification steps compared with the CPU")
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--no-timings", action="store_true")
+    ap.add_argument("--no-engine", action="store_true", help="the tensor stage only (machines without vLLM)")
+    ap.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     ap.add_argument("--out", type=Path, default=results_dir())
     args = ap.parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
+    why = refusal(args)
+    if why is not None:
+        print(f"cuda_check: refusing to run: {why}", file=sys.stderr)
+        raise SystemExit(2)
     device = torch.device(args.device)
     inter = intersection(DRAFT_V, TARGET_V)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})"
@@ -337,9 +383,20 @@ def main(argv: list[str] | None = None) -> dict:
         "lossless": check_lossless(device, args.samples),
         "timings": None if args.no_timings else timings(device, inter, args.reps),
     }
-    result["ok"] = all(result[part]["ok"] for part in ("agreement", "no_sync", "lossless"))
-    write_report("cuda_check", result, markdown(result), out=args.out, indent=1)
-    print(markdown(result))
+    parts = ["agreement", "no_sync", "lossless"]
+    if not args.no_engine:
+        import gpu_engine_check
+
+        result["engine"] = gpu_engine_check.run()
+        parts.append("engine")
+    result["ok"] = all(result[part]["ok"] for part in parts)
+    text = markdown(result)
+    if "engine" in result:
+        import gpu_engine_check
+
+        text += "\n".join(gpu_engine_check.markdown(result["engine"])) + "\n"
+    write_report("cuda_check", result, text, out=args.out, indent=1)
+    print(text)
     return result
 
 

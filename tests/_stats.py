@@ -1,9 +1,12 @@
-"""Statistical helpers shared by the sampler-level tests (chi-square against a known law)."""
+"""Statistical helpers shared by the tests and the GPU check (chi-square against a known law, and\nbetween two samples)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
+import numpy as np
 import torch
-from scipy.stats import chi2, chisquare
+from scipy.stats import chi2, chi2_contingency, chisquare
 
 ALPHA = 1e-4
 
@@ -59,3 +62,16 @@ def tv_from(tokens: torch.Tensor, p: torch.Tensor) -> float:
     """Total variation between the empirical law of ``tokens`` and ``p``."""
     freq = torch.bincount(tokens, minlength=p.shape[0]).double() / tokens.numel()
     return 0.5 * float((freq - p.double()).abs().sum())
+
+
+def two_sample_pvalue(a: list[int], b: list[int]) -> float:
+    """Two-sample chi-square homogeneity test of two token samples (tokens seen fewer
+    than 10 times in both together pooled into one bin)."""
+    ca, cb = Counter(a), Counter(b)
+    pooled = ca + cb
+    common = [t for t, c in pooled.items() if c >= 10]
+    rows = [[ca[t] for t in common] + [sum(ca.values()) - sum(ca[t] for t in common)],
+            [cb[t] for t in common] + [sum(cb.values()) - sum(cb[t] for t in common)]]
+    table = np.array(rows)
+    table = table[:, table.sum(0) > 0]
+    return float(chi2_contingency(table)[1])

@@ -79,6 +79,8 @@ class HeteroProposer:
         self._check_ranks = self._tp is not None and os.environ.get(CHECK_RANKS_ENV) == "1"
         self.executor: DraftExecutor | None = None
         self.runtime_config: RuntimeConfig | None = None  # resolved when the drafter loads
+        self.graphs_captured = 0  # draft CUDA graphs, once the capture phase ran
+        self.graph_bytes = 0  # their memory as measured for vLLM's profile
         # fsd's divergence test, when a rule of this engine verifies with one: its
         # strategy also reads each request's threshold.
         self._divergence_rule = divergence_strategy(self.settings)
@@ -169,7 +171,7 @@ class HeteroProposer:
         phase (``vllm_patches.py``). Returns how many were captured."""
         if self.executor is None:
             return 0
-        n = self.executor.capture_graphs()
+        n = self.graphs_captured = self.executor.capture_graphs()
         if n:
             logger.info("hetero spec: captured %d draft CUDA graphs", n)
         return n
@@ -177,7 +179,7 @@ class HeteroProposer:
     def graph_memory(self) -> int:
         """Bytes the drafter's CUDA graphs will take, added to vLLM's own graph estimate
         (``vllm_patches.py``) so the KV cache is sized with them counted."""
-        n = self.executor.graph_memory() if self.executor is not None else 0
+        n = self.graph_bytes = self.executor.graph_memory() if self.executor is not None else 0
         if n:
             logger.info("hetero spec: draft CUDA graphs take %.1f MiB", n / (1 << 20))
         return n

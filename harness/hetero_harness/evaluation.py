@@ -114,7 +114,7 @@ def start_engine(job: dict[str, Any]) -> Any:
     """:func:`run_job`'s ``LLM`` for ``job`` (keys: target, dtype, max_model_len,
     max_num_batched_tokens (default: vLLM's), enforce_eager, speculative_config, seed,
     max_num_seqs, tensor_parallel_size, num_kv_blocks, skip_tokenizer_init,
-    async_scheduling, time_calls), its runner timed by the probe."""
+    async_scheduling, attention_backend, time_calls), its runner timed by the probe."""
     from vllm import LLM
 
     llm = LLM(
@@ -131,6 +131,7 @@ def start_engine(job: dict[str, Any]) -> Any:
         num_gpu_blocks_override=job.get("num_kv_blocks"),
         skip_tokenizer_init=job.get("skip_tokenizer_init", False),
         async_scheduling=job.get("async_scheduling"),
+        attention_backend=job.get("attention_backend"),
         worker_extension_cls=PROBE,
     )
     # The engine runs with vLLM's default process layout (the worker in the engine
@@ -249,6 +250,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     after = llm.get_metrics()
     # Rank 0's worker (each tensor-parallel rank runs a drafter of its own).
     probe = llm.collective_rpc("hetero_probe_report")[0]
+    if job.get("draft_ms_batches"):
+        probe["draft_forward_ms"] = llm.collective_rpc("hetero_probe_draft_ms", args=(job["draft_ms_batches"],))[0]
     runner_calls = probe.pop("runner_calls")
     # Requests run again one at a time, after the batch (another batch, another history).
     solo = [llm.generate([prompts[i]], [params(i)], use_tqdm=False)[0] for i in job.get("solo", [])]

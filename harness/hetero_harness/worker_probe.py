@@ -42,6 +42,63 @@ def _time_runner(names: list[str]) -> None:
         setattr(GPUModelRunner, name, timed)
 
 
+def _draft_runtime(drafter: Any) -> Any:
+    """The draft model runtime of our in-process drafter (``None``: none here, or it
+    drafts in a Ray actor)."""
+    engine = getattr(getattr(drafter, "executor", None), "engine", None)
+    return getattr(engine, "runtime", None)
+
+
+def _drafter_runtime_facts(drafter: Any) -> dict[str, Any]:
+    """How the drafter was built on this worker: its attention backends, block size,
+    CUDA graph buckets, how many graphs were captured and the memory they were
+    measured to take."""
+    runtime = _draft_runtime(drafter)
+    if runtime is None:
+        return {}
+    return {
+        "attention_backends": sorted({group.backend.get_name() for group in runtime.groups}),
+        "block_size": runtime.pool.block_size,
+        "graph_sizes": list(runtime.graphs.sizes),
+        "graphs_captured": drafter.graphs_captured,
+        "graph_mib": drafter.graph_bytes / (1 << 20),
+        "max_num_seqs": runtime.vllm_config.scheduler_config.max_num_seqs,
+    }
+
+
+def draft_forward_ms(runtime: Any, batch_sizes: list[int], context: int, reps: int) -> dict[str, float]:
+    """Per batch size, the wall time of one draft position's forward (``forward_next``,
+    the graphed path where graphs are on) over ``context``-token sequences, device
+    synchronized around the timed loop; the sequences are rolled back after each."""
+    import torch
+
+    sync = torch.accelerator.synchronize if runtime.device.type != "cpu" else (lambda: None)
+    out = {}
+    for b in batch_sizes:
+        caches = [runtime.new_cache() for _ in range(b)]
+        try:
+            runtime.forward(caches, [[1] * context] * b)
+            ids = torch.ones(b, dtype=torch.int64, device=runtime.device)
+
+            def one() -> None:
+                runtime.forward_next(caches, ids, 1)
+                for cache in caches:
+                    cache.truncate(context)
+
+            for _ in range(3):
+                one()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                one()
+            sync()
+            out[str(b)] = 1e3 * (time.perf_counter() - t0) / reps
+        finally:
+            for cache in caches:
+                cache.release()
+    return out
+
+
 class JobProbe:
     """Worker extension (``LLM(worker_extension_cls=...)``); every method is prefixed so
     that none can clash with a worker's own."""
@@ -52,6 +109,11 @@ class JobProbe:
     def hetero_probe_reset(self) -> None:
         for calls in _CALLS.values():
             calls.clear()
+
+    def hetero_probe_draft_ms(self, batch_sizes: list[int], context: int = 128, reps: int = 20) -> dict[str, float]:
+        """:func:`draft_forward_ms` of this worker's drafter (empty when none runs here)."""
+        runtime = _draft_runtime(getattr(getattr(self, "model_runner", None), "drafter", None))
+        return {} if runtime is None else draft_forward_ms(runtime, list(batch_sizes), context, reps)
 
     def hetero_probe_report(self) -> dict[str, Any]:
         """The runner's call times and, when our drafter runs here, its statistics."""
@@ -72,6 +134,9 @@ class JobProbe:
         if rules is not None:
             out["rules_chosen"] = dict(rules.chosen)
             out["rule_rates"] = rules.rates()
+        runtime_facts = _drafter_runtime_facts(drafter)
+        if runtime_facts:
+            out["drafter_runtime"] = runtime_facts
         if stats is not None and stats.steps:
             out["bridge_ms_per_step"] = 1e3 * stats.bridge_s / stats.steps
             out["draft_ms_per_step"] = 1e3 * stats.draft_s / stats.steps

@@ -38,7 +38,19 @@ def test_an_engine_on_cuda_takes_the_targets_dtype_graphs_and_batch(smollm2: str
     assert cfg.dtype == torch.bfloat16 and cfg.graph_sizes == (1, 2, 4, 8)
     assert cfg.max_forward_tokens == 2048 and cfg.kv_pool_mb >= 16
     assert cfg.max_rows == 8  # the rows the target's own sampler is profiled at
-    assert set(why) == {"dtype", "kv pool", "CUDA graphs"} and "target's dtype" in why["dtype"]
+    assert set(why) == {"dtype", "kv pool", "CUDA graphs", "attention"} and "target's dtype" in why["dtype"]
+    assert cfg.attention_backend is None  # vLLM picks for the drafter's own heads
+
+
+def test_an_attention_backend_the_target_names_covers_the_drafter(smollm2: str) -> None:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    target = _target("cuda")
+    target.attention_config = SimpleNamespace(backend=AttentionBackendEnum.FLASHINFER)
+    cfg, why = resolve_runtime_config(_settings(smollm2), target)
+    assert cfg.attention_backend == "FLASHINFER" and "target's" in why["attention"]
+    ray, _ = resolve_runtime_config(_settings(smollm2), target, device_type="cpu")
+    assert ray.attention_backend is None  # a Ray actor drafts on CPU cores
 
 
 def test_a_ray_actor_drafts_on_cpu_whatever_the_target(smollm2: str, monkeypatch) -> None:

@@ -29,16 +29,15 @@ tokenizer: Gemma-3's 262k-token tokenizer cost an engine about 18 s (one core).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
-from scipy.stats import chi2_contingency
 from transformers import AutoTokenizer
 
 from hetero_harness.evaluation import run_isolated_many, unwrap
 from hetero_harness.prompts import BRIDGE_STRESS
+
+from _stats import two_sample_pvalue
 
 N = 120
 N_REF = 3 * N
@@ -201,21 +200,9 @@ def _tokens(runs: dict, name: str, rows: str) -> list[list[int]]:
     return result["token_ids"]
 
 
-def _pvalue(a: list[int], b: list[int]) -> float:
-    """Two-sample chi-square homogeneity test; rare tokens pooled into one bin."""
-    ca, cb = Counter(a), Counter(b)
-    pooled = ca + cb
-    common = [t for t, c in pooled.items() if c >= 10]
-    rows = [[ca[t] for t in common] + [sum(ca.values()) - sum(ca[t] for t in common)],
-            [cb[t] for t in common] + [sum(cb.values()) - sum(cb[t] for t in common)]]
-    table = np.array(rows)
-    table = table[:, table.sum(0) > 0]
-    return float(chi2_contingency(table)[1])
-
-
 def _same_distribution(runs: dict, reference: tuple[str, str], other: tuple[str, str]) -> list[float]:
     a, b = _tokens(runs, *reference), _tokens(runs, *other)
-    return [_pvalue([o[pos] for o in a], [o[pos] for o in b]) for pos in (1, 2)]
+    return [two_sample_pvalue([o[pos] for o in a], [o[pos] for o in b]) for pos in (1, 2)]
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -45,6 +45,9 @@ class RuntimeConfig:
             target's ``max_num_seqs``, the rows vLLM's own sampler is profiled at):
             wider work, such as ``slrs``'s tree levels, runs in slices of this many, so
             the drafter's transient peak is the one its profile run measures.
+        attention_backend: the attention backend's name when the target's config names
+            one (``--attention-backend``, ``attention_config.backend``), so the choice
+            covers the whole engine; ``None``: vLLM picks for the drafter's own heads.
     """
 
     model: str
@@ -54,6 +57,7 @@ class RuntimeConfig:
     graph_sizes: tuple[int, ...] = ()
     max_forward_tokens: int = DEFAULT_FORWARD_TOKENS
     max_rows: int = DEFAULT_ROWS
+    attention_backend: str | None = None
 
 
 def resolve_runtime_config(
@@ -93,7 +97,12 @@ def resolve_runtime_config(
         rows = target.scheduler_config.max_num_seqs
         if device_type == target.device_config.device.type:
             forward_tokens = target.scheduler_config.max_num_batched_tokens
+    backend = None
+    if target is not None and device_type == target.device_config.device.type:
+        chosen = getattr(getattr(target, "attention_config", None), "backend", None)
+        backend = getattr(chosen, "name", chosen)
     cfg = RuntimeConfig(settings.draft_model, dtype, pool, graph_sizes=sizes, max_forward_tokens=forward_tokens,
-                        max_rows=rows)
+                        max_rows=rows, attention_backend=backend)
     return cfg, {"dtype": f"{dtype_name} ({dtype_why})", "kv pool": f"{pool} MiB ({pool_why})",
-                 "CUDA graphs": graphs_why}
+                 "CUDA graphs": graphs_why,
+                 "attention": f"{backend} (the target's)" if backend else "vLLM's choice for the drafter"}

@@ -59,6 +59,7 @@ def _draft_vllm_config(cfg: RuntimeConfig):
         enable_prefix_caching=False,
         max_num_batched_tokens=cfg.max_forward_tokens,
         max_num_seqs=cfg.max_forward_tokens,
+        attention_backend=cfg.attention_backend,
     )
     return args.create_engine_config()
 
