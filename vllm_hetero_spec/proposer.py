@@ -231,38 +231,23 @@ class HeteroProposer:
         start = time.perf_counter()
         req_ids: list[str] = list(self.runner.input_batch.req_ids)
         sampled = [len(s) for s in sampled_token_ids[: len(req_ids)]]
-        params = [self._params(r) for r in req_ids]
-        temperatures = [p.temperature for p in params]
-        self.budget.observe(start, req_ids, sampled)
-        drafting = [n > 0 for n in sampled]
         row_lengths = [int(n) for n in num_tokens_no_spec[: len(req_ids)]]
-        rules = None
-        if self.rules is not None:
-            self.rules.observe(start, req_ids, sampled)
-            rules = self.rules.choose(temperatures,
-                                      lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, rs))
-        lengths = self.budget.plan(req_ids, drafting, row_lengths, rules)
-        if rules is not None:
-            params = [dataclasses.replace(p, rule=rule) for p, rule in zip(params, rules)]
-        drafts, rows = None, []
-        if self.executor is not None and any(lengths):
-            try:
-                rows = [row for row in range(len(req_ids)) if lengths[row] > 0]
-                batch = StepBatch(
-                    [req_ids[r] for r in rows],
-                    [token_ids_cpu[r, : int(num_tokens_no_spec[r])].copy() for r in rows],
-                    [params[r] for r in rows],
-                    max(lengths),
-                    [lengths[r] for r in rows],
-                )
-                drafts = self.executor.step(batch, set(self.runner.requests))
-                if drafts is not None:
-                    drafts.truncate([lengths[r] for r in rows])
-            except Exception:
-                logger.exception("hetero spec: drafting failed; this step runs without drafts")
-                self._stats.fallbacks += 1
-                self.executor.reset()
-                drafts = None
+        # Under TP only rank 0 plans and drafts; the others take its drafts below.
+        lead = not self._broadcast or self._tp.rank_in_group == 0
+        drafts, rows, lengths, rules, temperatures = None, [], [], None, []
+        if lead:
+            params = [self._params(r) for r in req_ids]
+            temperatures = [p.temperature for p in params]
+            self.budget.observe(start, req_ids, sampled)
+            drafting = [n > 0 for n in sampled]
+            if self.rules is not None:
+                self.rules.observe(start, req_ids, sampled)
+                rules = self.rules.choose(temperatures,
+                                          lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, rs))
+            lengths = self.budget.plan(req_ids, drafting, row_lengths, rules)
+            if rules is not None:
+                params = [dataclasses.replace(p, rule=rule) for p, rule in zip(params, rules)]
+            drafts, rows = self._draft(req_ids, params, lengths, token_ids_cpu, num_tokens_no_spec)
         if self._broadcast:
             drafts, rows = share_drafts(self._tp, drafts, rows)
         if self._check_ranks:
@@ -270,17 +255,46 @@ class HeteroProposer:
         self._install(req_ids, rows, drafts)
         out = [[] for _ in req_ids] if drafts is None else self._layout(req_ids, rows, drafts)
         end = time.perf_counter()
-        proposed = [len(o) for o in out]
-        self.budget.record(req_ids, proposed, end - start, end, row_lengths, rules)
-        if self.rules is not None:
-            self.rules.record(req_ids, temperatures, rules, proposed)
-        if logger.isEnabledFor(logging.DEBUG):  # VLLM_LOGGING_LEVEL=DEBUG
-            why, rates, lump = self.budget.last_plan
-            logger.debug("hetero spec step: planned %s, proposed %s, rules %s in %.0f ms (%s; tok/s per k %s; "
-                         "catch-up lump %d)", lengths, proposed, rules, 1e3 * (end - start), why,
-                         [round(r, 2) for r in rates], lump)
+        if lead:
+            proposed = [len(o) for o in out]
+            self.budget.record(req_ids, proposed, end - start, end, row_lengths, rules)
+            if self.rules is not None:
+                self.rules.record(req_ids, temperatures, rules, proposed)
+            if logger.isEnabledFor(logging.DEBUG):  # VLLM_LOGGING_LEVEL=DEBUG
+                why, rates, lump = self.budget.last_plan
+                logger.debug("hetero spec step: planned %s, proposed %s, rules %s in %.0f ms (%s; tok/s per k %s; "
+                             "catch-up lump %d)", lengths, proposed, rules, 1e3 * (end - start), why,
+                             [round(r, 2) for r in rates], lump)
         self._publish()
         return out
+
+    def _draft(
+        self, req_ids: list[str], params: list[RequestParams], lengths: list[int], token_ids_cpu: np.ndarray,
+        num_tokens_no_spec: np.ndarray,
+    ) -> tuple[StepDrafts | None, list[int]]:
+        """The executor's drafts for the rows the budget gave a length (and those rows),
+        or ``None`` when nothing drafts or drafting failed (logged, counted, the draft
+        state reset)."""
+        if self.executor is None or not any(lengths):
+            return None, []
+        rows = [row for row in range(len(req_ids)) if lengths[row] > 0]
+        try:
+            batch = StepBatch(
+                [req_ids[r] for r in rows],
+                [token_ids_cpu[r, : int(num_tokens_no_spec[r])].copy() for r in rows],
+                [params[r] for r in rows],
+                max(lengths),
+                [lengths[r] for r in rows],
+            )
+            drafts = self.executor.step(batch, set(self.runner.requests))
+            if drafts is not None:
+                drafts.truncate([lengths[r] for r in rows])
+            return drafts, rows
+        except Exception:
+            logger.exception("hetero spec: drafting failed; this step runs without drafts")
+            self._stats.fallbacks += 1
+            self.executor.reset()
+            return None, []
 
     def _compare_ranks(self, req_ids: list[str], sampled: list[list[int]], drafts: StepDrafts | None) -> None:
         """A diagnostic (``VLLM_HETERO_SPEC_CHECK_RANKS=1``, one all-gather per step):

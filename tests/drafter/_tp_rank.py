@@ -68,7 +68,8 @@ def main(rank: int, port: int, fault: str, smollm2: str, qwen05: str, out: str) 
         seen.append({"proposals": proposals, "q": q, "q_index": None if plan is None else plan.q_index,
                      "force_reject": None if plan is None else plan.force_reject})
     with open(out, "wb") as f:
-        pickle.dump({"steps": seen, "drafter": prop.executor is not None, "fallbacks": prop.stats.fallbacks}, f)
+        pickle.dump({"steps": seen, "drafter": prop.executor is not None, "fallbacks": prop.stats.fallbacks,
+                     "budget_steps": prop.stats.budget_steps}, f)
     torch.distributed.destroy_process_group()
 
 

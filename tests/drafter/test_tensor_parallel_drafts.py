@@ -42,3 +42,5 @@ def test_every_rank_verifies_rank_zeros_drafts_with_their_q(fault: str, smollm2:
     drafted = [s for s in rank0["steps"] if any(s["proposals"]) and s["q"] is not None]
     assert len(drafted) == len(rank0["steps"]), "rank 0 drafted, with q for its sampled request, every step"
     assert rank1["steps"] == rank0["steps"]
+    # Only rank 0 plans: the others neither load a drafter nor run the budget.
+    assert not rank1["drafter"] and rank1["budget_steps"] == 0 < rank0["budget_steps"]
