@@ -1,0 +1,1 @@
+"""``advise``: which drafter, which rule, what speedup, from short measured runs."""
