@@ -49,6 +49,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
+import gpu_engine_check  # noqa: E402
 from _stats import follows_pvalue  # noqa: E402
 from report import results_dir, write_report  # noqa: E402
 
@@ -327,8 +328,6 @@ def markdown(result: dict) -> str:
 
 def dry_run(args: argparse.Namespace) -> dict:
     """What a run would do, printed; runs nothing and needs no GPU."""
-    import gpu_engine_check
-
     lines = ["# benchmarks/cuda_check.py: the plan (dry run, nothing runs)", "",
              f"Tensor stage, on `{args.device}` (torch only, no vLLM): agreement with the CPU over {args.seeds} "
              f"verification steps; no host sync under `torch.cuda.set_sync_debug_mode(\"error\")`; "
@@ -384,17 +383,13 @@ def main(argv: list[str] | None = None) -> dict:
         "timings": None if args.no_timings else timings(device, inter, args.reps),
     }
     parts = ["agreement", "no_sync", "lossless"]
+    text_parts = []
     if not args.no_engine:
-        import gpu_engine_check
-
         result["engine"] = gpu_engine_check.run()
         parts.append("engine")
+        text_parts = gpu_engine_check.markdown(result["engine"])
     result["ok"] = all(result[part]["ok"] for part in parts)
-    text = markdown(result)
-    if "engine" in result:
-        import gpu_engine_check
-
-        text += "\n".join(gpu_engine_check.markdown(result["engine"])) + "\n"
+    text = markdown(result) + "".join(line + "\n" for line in text_parts)
     write_report("cuda_check", result, text, out=args.out, indent=1)
     print(text)
     return result

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -79,13 +78,12 @@ def main() -> None:
         return
 
     from hetero_harness.models import ensure_model
+    from hetero_harness.server_process import free_port
     from vllm_hetero_spec.vocab.bridge import VocabBridge
 
     draft, target = str(ensure_model("smollm2-135m")), str(ensure_model("qwen2.5-coder-0.5b"))
     support = int(VocabBridge.build(draft, target, 49152, 151936).intersection.support.numel())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     outs = [Path(f"/tmp/tp_broadcast_rank{r}.json") for r in range(2)]
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--support",
                                str(support), "--out", str(outs[r]), "--reps", str(args.reps), "--batches",

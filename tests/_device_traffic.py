@@ -147,12 +147,11 @@ class DeviceTraffic(TorchDispatchMode):
             return 0
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         device = kwargs.get("device")
-        if not tensors and (device is None or torch.device(device).type == "cpu"):
-            with unset_fake_temporarily():  # a host buffer (e.g. vLLM's CpuGpuBuffer's): real, as on a GPU machine
-                return func(*args, **kwargs)
-        if tensors and not any(isinstance(t, FakeTensor) for t in tensors) and (
-                device is None or torch.device(device).type == "cpu"):
-            with unset_fake_temporarily():  # host work on real data brought back: run it for real
+        on_host = device is None or torch.device(device).type == "cpu"
+        if on_host and not any(isinstance(t, FakeTensor) for t in tensors):
+            # Host work on real data (brought back, or a new host buffer such as vLLM's
+            # CpuGpuBuffer's): run it for real, as on a GPU machine.
+            with unset_fake_temporarily():
                 return func(*args, **kwargs)
         if func is aten.exponential_.default and kwargs.get("generator") is not None:
             self.traffic.draws += 1

@@ -1,4 +1,5 @@
-"""Statistical helpers shared by the tests and the GPU check (chi-square against a known law, and\nbetween two samples)."""
+"""Statistical helpers shared by the tests and the GPU check (chi-square against a known law,
+and between two samples)."""
 
 from __future__ import annotations
 

@@ -74,8 +74,9 @@ class HeteroProposer:
         self.target_vocab = vllm_config.model_config.get_vocab_size()
         self._tp = _tp_group()
         self._vllm_config = vllm_config
-        # Under TP only rank 0 drafts; every rank verifies what it broadcasts.
+        # Under TP only rank 0 plans and drafts; every rank verifies what it broadcasts.
         self._broadcast = self._tp is not None
+        self._lead = self._tp is None or self._tp.rank_in_group == 0
         self._check_ranks = self._tp is not None and os.environ.get(CHECK_RANKS_ENV) == "1"
         self.executor: DraftExecutor | None = None
         self.runtime_config: RuntimeConfig | None = None  # resolved when the drafter loads
@@ -154,7 +155,7 @@ class HeteroProposer:
         which torch.distributed makes collectively (a Ray drafter has its own world)."""
         if self.executor is not None:
             return
-        if self._broadcast and self._tp.rank_in_group != 0:
+        if not self._lead:
             if self.settings.executor == "inprocess":
                 join_draft_tp_group(self._vllm_config)
             return
@@ -232,10 +233,8 @@ class HeteroProposer:
         req_ids: list[str] = list(self.runner.input_batch.req_ids)
         sampled = [len(s) for s in sampled_token_ids[: len(req_ids)]]
         row_lengths = [int(n) for n in num_tokens_no_spec[: len(req_ids)]]
-        # Under TP only rank 0 plans and drafts; the others take its drafts below.
-        lead = not self._broadcast or self._tp.rank_in_group == 0
         drafts, rows, lengths, rules, temperatures = None, [], [], None, []
-        if lead:
+        if self._lead:  # the other TP ranks take rank 0's drafts below
             params = [self._params(r) for r in req_ids]
             temperatures = [p.temperature for p in params]
             self.budget.observe(start, req_ids, sampled)
@@ -255,7 +254,7 @@ class HeteroProposer:
         self._install(req_ids, rows, drafts)
         out = [[] for _ in req_ids] if drafts is None else self._layout(req_ids, rows, drafts)
         end = time.perf_counter()
-        if lead:
+        if self._lead:
             proposed = [len(o) for o in out]
             self.budget.record(req_ids, proposed, end - start, end, row_lengths, rules)
             if self.rules is not None:

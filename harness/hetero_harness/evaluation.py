@@ -248,7 +248,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     outputs = generate_all()
     elapsed = time.perf_counter() - t0
     after = llm.get_metrics()
-    # Rank 0's worker (each tensor-parallel rank runs a drafter of its own).
+    # Rank 0's worker (under tensor parallelism the one that drafts).
     probe = llm.collective_rpc("hetero_probe_report")[0]
     if job.get("draft_ms_batches"):
         probe["draft_forward_ms"] = llm.collective_rpc("hetero_probe_draft_ms", args=(job["draft_ms_batches"],))[0]

@@ -8,24 +8,18 @@ must still be identical, byte for byte."""
 from __future__ import annotations
 
 import pickle
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hetero_harness.server_process import free_port
 
 RANK = Path(__file__).with_name("_tp_rank.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(fault: str, smollm2: str, qwen05: str, tmp_path: Path) -> list[dict]:
-    port = _free_port()
+    port = free_port()
     outs = [tmp_path / f"rank{r}.pkl" for r in range(2)]
     procs = [subprocess.Popen([sys.executable, str(RANK), str(r), str(port), fault, smollm2, qwen05, str(outs[r])],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]

@@ -135,7 +135,7 @@ class DraftEngine:
         n = logits.shape[0]
         gen = new_generator(self.runtime.device, 0)
         rows = SamplingRows.build([1.0] * n, [0] * n, [0.9] * n, [None] * n, self.runtime.device, gen)
-        for strategy in {id(s): s for s in self.strategies.values()}.values():
+        for strategy in self.strategies.values():
             strategy.profile(logits, rows, self.k)
 
     # -- per-step work ----------------------------------------------------------------

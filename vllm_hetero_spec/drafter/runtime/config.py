@@ -92,15 +92,13 @@ def resolve_runtime_config(
         sizes = tuple(sorted(set(graphs))) if isinstance(graphs, list) else ()
     graphs_why = f"at sizes {list(sizes)}" if sizes else "off (eager)"
 
-    forward_tokens, rows = DEFAULT_FORWARD_TOKENS, DEFAULT_ROWS
+    forward_tokens, rows, backend = DEFAULT_FORWARD_TOKENS, DEFAULT_ROWS, None
     if target is not None:
         rows = target.scheduler_config.max_num_seqs
         if device_type == target.device_config.device.type:
             forward_tokens = target.scheduler_config.max_num_batched_tokens
-    backend = None
-    if target is not None and device_type == target.device_config.device.type:
-        chosen = getattr(getattr(target, "attention_config", None), "backend", None)
-        backend = getattr(chosen, "name", chosen)
+            chosen = getattr(getattr(target, "attention_config", None), "backend", None)
+            backend = getattr(chosen, "name", chosen)
     cfg = RuntimeConfig(settings.draft_model, dtype, pool, graph_sizes=sizes, max_forward_tokens=forward_tokens,
                         max_rows=rows, attention_backend=backend)
     return cfg, {"dtype": f"{dtype_name} ({dtype_why})", "kv pool": f"{pool} MiB ({pool_why})",

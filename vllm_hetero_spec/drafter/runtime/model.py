@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_hetero_spec.drafter.runtime.attention import attention_groups, common_metadata, draft_block_size, step_metadata
+from vllm_hetero_spec.drafter.runtime.attention import (
+    attention_groups, common_metadata, draft_block_size, step_metadata)
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
 from vllm_hetero_spec.drafter.runtime.cuda_graphs import DraftGraphs, graph_compilation_config
 from vllm_hetero_spec.drafter.runtime.input_staging import InputStaging

@@ -149,7 +149,7 @@ class StringLevelProposer:
         held = [q_dev, (q_dev * self.textless).sum(dim=1, dtype=torch.float64)]
         level = root_logits.clone()
         owners = rows.select(list(range(level.shape[0])))
-        processed_probs(torch.cat([level, level.narrow(0, 0, 0)]), owners).cpu()
+        processed_probs(torch.cat([level]), owners).cpu()
         held.clear()
 
     def _evaluate(
