@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from vllm.config import VllmConfig
 
+from vllm_hetero_spec.advise.step_log import StepLog
 from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.placement.executors import DraftExecutor, make_executor
@@ -42,7 +43,7 @@ from vllm_hetero_spec.drafts_broadcast import share_drafts
 from vllm_hetero_spec.drafter.strategies.registry import divergence_strategy, forward_only_rules
 from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.metrics import MetricsBoard
-from vllm_hetero_spec.policy.budget import make_budget
+from vllm_hetero_spec.policy.budget import FixedBudget, make_budget
 from vllm_hetero_spec.policy.rule_choice import RuleChooser
 from vllm_hetero_spec.verify.plan import VerifyPlan
 
@@ -95,6 +96,7 @@ class HeteroProposer:
         if self.settings.algorithm == "auto":
             self.rules = RuleChooser(self.settings.auto_greedy, self.settings.auto_sampled)
         self._stats = DrafterStats()
+        self.step_log: StepLog | None = None  # advise's timings, when it asks (advise/probe.py)
         self.board = MetricsBoard(
             {
                 "algorithm": self.settings.algorithm,
@@ -193,6 +195,22 @@ class HeteroProposer:
         if self.executor is not None and self._vllm_config.device_config.device.type != "cpu":
             self.executor.profile(num_tokens, num_rows)
 
+    def pin(self, rule: str | None, k: int) -> None:
+        """Draft every request with ``rule`` (one of ``auto``'s candidates; ``None``: keep
+        the rule choice) and exactly ``k`` tokens (0: none) from now on, and log each
+        step's timing. For ``advise``, which measures each rule and draft length on one
+        engine rather than starting one per setting; verification is untouched, so every
+        pinned setting is as lossless as the rule is."""
+        if not 0 <= k <= self.k:
+            raise ValueError(f"k must be in [0, {self.k}] (num_speculative_tokens), got {k}")
+        if rule is not None:
+            candidates = set(self.settings.auto_greedy) | set(self.settings.auto_sampled)
+            if self.rules is None or rule not in candidates:
+                raise ValueError(f"rule {rule!r} is not among this engine's auto candidates {sorted(candidates)}")
+            self.rules = RuleChooser((rule,), (rule,))
+        self.budget = FixedBudget(k)
+        self.step_log = StepLog()
+
     def drop_request(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
         self.budget.forget(req_id)
@@ -259,6 +277,8 @@ class HeteroProposer:
             self.budget.record(req_ids, proposed, end - start, end, row_lengths, rules)
             if self.rules is not None:
                 self.rules.record(req_ids, temperatures, rules, proposed)
+            if self.step_log is not None:
+                self.step_log.add(start, end, req_ids, sampled, proposed)
             if logger.isEnabledFor(logging.DEBUG):  # VLLM_LOGGING_LEVEL=DEBUG
                 why, rates, lump = self.budget.last_plan
                 logger.debug("hetero spec step: planned %s, proposed %s, rules %s in %.0f ms (%s; tok/s per k %s; "

@@ -15,6 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from vllm_hetero_spec.advise.counters import spec_decode_delta
+
 RESULT_PREFIX = "HETERO_RESULT "
 
 
@@ -88,10 +90,6 @@ def unwrap(result: dict[str, Any] | Exception) -> dict[str, Any]:
     return result
 
 
-def _counter(metrics: list[Any], name: str) -> float:
-    return float(sum(getattr(m, "value", 0) or 0 for m in metrics if m.name == name))
-
-
 def _find_drafter(llm: Any) -> Any:
     """The in-process drafter, when the engine runs in this process (stats only)."""
     try:
@@ -139,37 +137,6 @@ def start_engine(job: dict[str, Any]) -> Any:
     # times the runner and reads the drafter wherever the worker is.
     llm.collective_rpc("hetero_probe_time", args=(list(RUNNER_TIMED + tuple(job.get("time_calls", ()))),))
     return llm
-
-
-def spec_decode_delta(before: dict[str, Any], after: list[Any]) -> dict[str, Any]:
-    """vLLM's spec-decode counters (and preemptions) between two ``LLM.get_metrics()``
-    snapshots, ``before`` keyed by name. vLLM keeps one Prometheus registry per process
-    and each new engine's stat logger unregisters the previous one's, so with two
-    engines in a process the snapshots are the newest engine's."""
-
-    def delta(name: str) -> float:
-        prev = before.get(name)
-        return _counter(after, name) - (float(getattr(prev, "value", 0) or 0) if prev else 0.0)
-
-    per_pos: dict[int, float] = {}
-    for m in after:
-        if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            before_pos = before.get(m.name)
-            prev = list(getattr(before_pos, "values", []) or []) if before_pos else []
-            for i, v in enumerate(getattr(m, "values", []) or []):
-                per_pos[i] = per_pos.get(i, 0.0) + v - (prev[i] if i < len(prev) else 0.0)
-    drafts = delta("vllm:spec_decode_num_drafts")
-    draft_tokens = delta("vllm:spec_decode_num_draft_tokens")
-    accepted = delta("vllm:spec_decode_num_accepted_tokens")
-    return {
-        "num_drafts": drafts,
-        "num_draft_tokens": draft_tokens,
-        "num_accepted_tokens": accepted,
-        "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
-        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-        "acceptance_per_position": [per_pos[i] / drafts for i in sorted(per_pos)] if drafts else None,
-        "num_preemptions": delta("vllm:num_preemptions"),
-    }
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:

@@ -2,36 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
-# 240 Spec-Bench prompts (Apache-2.0), shipped in the repository: data/spec_bench/README.md.
-SPEC_BENCH = Path(os.environ.get("SPEC_BENCH_PATH", Path(__file__).resolve().parents[2] / "data/spec_bench/question.jsonl"))
-
-
-def spec_bench_questions(n: int, per_category: int = 1) -> list[str]:
-    """First turns of Spec-Bench, round-robin over categories so a small ``n`` still
-    mixes translation, summarization, QA, math, RAG, coding and writing."""
-    by_cat: dict[str, list[str]] = {}
-    with open(SPEC_BENCH) as f:
-        for line in f:
-            row = json.loads(line)
-            by_cat.setdefault(row["category"], []).append(row["turns"][0])
-    out: list[str] = []
-    i = 0
-    while len(out) < n:
-        added = False
-        for qs in by_cat.values():
-            for q in qs[i * per_category : (i + 1) * per_category]:
-                if len(out) < n:
-                    out.append(q)
-                    added = True
-        if not added:
-            break
-        i += 1
-    return out
-
+from vllm_hetero_spec.advise.prompts import spec_bench_questions
 
 # Benchmarks' held-out prompts: Spec-Bench questions the tests and tuning never used, no
 # longer than this (longer ones make a batch-1 run prefill-bound).

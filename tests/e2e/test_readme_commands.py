@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import signal
 import socket
@@ -31,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from hetero_harness.server_process import stop_group
+from _user_shell import user_env
 from vllm_hetero_spec.metrics import read_boards
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,11 +38,6 @@ PYTHON = ROOT / ".venv" / "bin" / "python"
 # vLLM's default address: the README's command names no port.
 URL = "http://localhost:8000"
 STARTUP_S = 900
-# Variables the suite (scripts/test.sh, tests/conftest.py, the harness) or the plugin set.
-SUITE_PREFIXES = ("VLLM_", "PYTEST_", "HETERO_SPEC_")
-SUITE_NAMES = {"OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "PYTHONPATH"}
-
-
 def quick_start() -> tuple[str, str]:
     """The (python, bash) code blocks of the README's Quick start section."""
     text = (ROOT / "README.md").read_text()
@@ -54,12 +49,6 @@ def quick_start() -> tuple[str, str]:
         assert found, f'no ```{lang} block under "## Quick start" in README.md'
         blocks[lang] = found.group(1)
     return blocks["python"], blocks["bash"]
-
-
-def user_env(**extra: str) -> dict[str, str]:
-    """A fresh shell's environment: this one without the suite's variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(SUITE_PREFIXES) and k not in SUITE_NAMES}
-    return {**env, **extra}
 
 
 def _get(path: str, timeout: float = 5) -> tuple[int, str]:

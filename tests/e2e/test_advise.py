@@ -1,0 +1,71 @@
+"""``python -m vllm_hetero_spec advise`` as a user runs it (a fresh shell's environment,
+vLLM's default flags and process layout), on the smallest models: SmolLM2-135M as the
+target, drafting for itself -- a drafter of the target's own vocabulary, so advise
+measures it under our plugin and under vLLM's ``draft_model`` -- at T = 0 and 1, batch
+1 and 2. It must finish, report every setting with acceptance it measured, write its
+table, plot and JSON, and the config it chose (or, where plain decoding won, the
+drafter's own best config) must start an ``LLM`` that drafts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from _user_shell import user_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_advise_measures_projects_and_writes_a_config_vllm_accepts(smollm2: str, tmp_path: Path) -> None:
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text("\n".join(json.dumps(row) for row in [
+        {"prompt": "def fibonacci(n):\n    "},
+        {"messages": [{"role": "user", "content": "List three primary colours."}]},
+    ]) + "\n")
+    results, out = tmp_path / "results", tmp_path / "hetero.json"
+    cmd = [sys.executable, "-m", "vllm_hetero_spec", "advise", "--target", smollm2, "--drafters", smollm2,
+           "--prompts", str(prompts), "--num-prompts", "2", "--max-tokens", "10", "--batch-sizes", "1,2",
+           "--temperatures", "0,1", "--k", "2", "--sweep-tokens", "6", "--results-dir", str(results),
+           "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    data = json.loads((results / "advise.json").read_text())
+    options = data["options"]
+    methods = {(o["rule"], o["temperature"], o["batch"]) for o in options}
+    assert methods == {(r, t, b) for t, rules in ((0.0, ("slem", "tli")), (1.0, ("tli", "slrs")))
+                       for r in (*rules, "draft_model") for b in (1, 2)}
+    for o in options:
+        assert len(o["acceptance"]) == 2 and 0 <= o["acceptance"][1] <= o["acceptance"][0] <= 1
+        assert o["projected"] >= 1.0 and o["sample"] > 0 and 0 <= o["k"] <= 2
+    # A model drafting for itself at T = 0 is accepted nearly always, by either path.
+    greedy = [o for o in options if o["temperature"] == 0.0]
+    assert all(o["acceptance"][0] > 0.9 for o in greedy), [(o["rule"], o["acceptance"]) for o in greedy]
+    assert (results / "advise.md").read_text().count("| " + Path(smollm2).name) == 6
+    assert (results / "advise.png").stat().st_size > 1000
+    assert "smollm2" in proc.stdout and "%|" in proc.stderr  # the table, and the progress bar
+
+    rec = data["recommendation"]
+    if rec["config"] is not None:
+        assert json.loads(out.read_text()) == rec["config"]
+        config = rec["config"]
+    else:
+        assert not out.exists()
+        config = next(c["config"] for c in rec["per_drafter"] if c["method"] == "hetero")
+    code = (
+        "import json, sys\n"
+        "from vllm import LLM, SamplingParams\n"
+        "llm = LLM(model=sys.argv[1], speculative_config=json.loads(sys.argv[2]), enforce_eager=True,\n"
+        "          max_model_len=512, disable_log_stats=False)\n"
+        "out = llm.generate(['def add(a, b):'], SamplingParams(max_tokens=12, temperature=0))\n"
+        "drafts = sum(m.value for m in llm.get_metrics() if m.name == 'vllm:spec_decode_num_drafts')\n"
+        "print('RESULT', len(out[0].outputs[0].token_ids), drafts)\n"
+    )
+    env = {**user_env(), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    run = subprocess.run([sys.executable, "-c", code, smollm2, json.dumps(config)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    tokens, drafts = run.stdout.strip().splitlines()[-1].split()[1:]
+    assert int(tokens) == 12 and float(drafts) > 0

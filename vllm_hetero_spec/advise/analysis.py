@@ -1,0 +1,208 @@
+"""From ``advise``'s measured runs (:mod:`~vllm_hetero_spec.advise.session`) to projected
+speedups, per drafter, rule, temperature and batch size, and the configuration to use.
+
+Per batch size ``b`` the hetero engine's sweep gives the target's step at each draft
+length ``k`` (the median steady step verifying ``b (k + 1)`` tokens), in units of its
+step at ``k = 0``; each rule's run at the longest length gives its acceptance per
+position (pooled over batch sizes: acceptance is the pair's and the prompts', not the
+batch's) and its proposal cost, split into the draft forwards (scaled by ``k``) and the
+rest (the bridge and host work, per step); the plain engine gives the prefill's share of
+a run. :mod:`~vllm_hetero_spec.advise.projection` turns them into a speedup per ``k``.
+vLLM's ``draft_model`` drafts a fixed ``k``, so its figure is the one measured on the
+sample. Each run at the longest length is also a measurement of that setting on the
+sample; it is reported beside the projection as a check.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_hetero_spec.advise.projection import StepCosts, best, expected_tokens
+
+DRAFT_MODEL = "draft_model"
+
+
+class AdviseError(RuntimeError):
+    """A measurement too thin to project from, naming what to change."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One (drafter, method) at one temperature and batch size. ``rule``: ours, or
+    :data:`DRAFT_MODEL`; ``acceptance``: per position at the measured length;
+    ``draft_cost``: one draft position's cost in target steps; ``projected``: the best
+    ``k``'s speedup; ``sample``: the speedup measured on the sample at the longest ``k``."""
+
+    drafter: str
+    rule: str
+    temperature: float
+    batch: int
+    k: int
+    projected: float
+    sample: float
+    acceptance: list[float]
+    draft_cost: float
+    by_k: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def mean_accepted(self) -> float:
+        """E(k) at the measured length: tokens per step."""
+        return expected_tokens(self.acceptance, len(self.acceptance))
+
+
+def _tok_per_s(run: dict[str, Any]) -> float:
+    return sum(run["lengths"]) / run["wall"]
+
+
+def _median_step(steps: list[dict[str, Any]], b: int, k: int, key: str) -> float | None:
+    """The median ``key`` over the steady steps of ``b`` rows that verified ``k`` drafts a
+    row (the steps the sweep pinned), else over every steady step."""
+    steady = [s for s in steps if s["steady"]]
+    exact = [s[key] for s in steady if s["rows"] == b and s["tokens"] == b * (k + 1)]
+    values = exact or [s[key] for s in steady]
+    return statistics.median(values) if values else None
+
+
+def _acceptance(runs: list[dict[str, Any]], k: int) -> list[float]:
+    """Per position, the share of drafts accepted there, pooled over ``runs``."""
+    drafts = sum(r["counters"]["num_drafts"] for r in runs)
+    if drafts <= 0:
+        return [0.0] * k
+    accepted = [0.0] * k
+    for r in runs:
+        for i, n in enumerate(r["counters"]["accepted_per_position"][:k]):
+            accepted[i] += n
+    return [a / drafts for a in accepted]
+
+
+def _plain(plain: dict[str, Any], t: float, b: int) -> dict[str, Any]:
+    for run in plain["runs"]:
+        if run["T"] == t and run["b"] == b:
+            return run
+    raise AdviseError(f"the plain engine measured no run at T = {t}, batch {b}")
+
+
+def verify_costs(hetero: dict[str, Any], b: int) -> tuple[float, dict[int, float]]:
+    """The target's step at ``k = 0`` (seconds) and ``v(k)`` per swept ``k`` at batch ``b``."""
+    by_k: dict[int, float] = {}
+    for sweep in hetero["sweep"]:
+        if sweep["b"] == b:
+            t = _median_step(sweep["steps"], b, sweep["k"], "target_s")
+            if t is not None:
+                by_k[sweep["k"]] = t
+    if 0 not in by_k:
+        raise AdviseError(f"no steady step at batch {b} without drafts; raise --sweep-tokens")
+    base = by_k[0]
+    return base, {k: v / base for k, v in sorted(by_k.items())}
+
+
+def hetero_options(drafter: str, hetero: dict[str, Any], plain: dict[str, Any], k_max: int) -> list[Option]:
+    """Our rules' options for one drafter."""
+    out = []
+    by_b = {b: verify_costs(hetero, b) for b in sorted({s["b"] for s in hetero["sweep"]})}
+    for rule, t in sorted({(r["rule"], r["T"]) for r in hetero["runs"]}):
+        runs = [r for r in hetero["runs"] if r["rule"] == rule and r["T"] == t]
+        acceptance = _acceptance(runs, k_max)
+        for run in runs:
+            b = run["b"]
+            base, verify = by_b[b]
+            stats = run["stats"]
+            draft_s = stats["draft_s"] / stats["steps"] if stats.get("steps") else 0.0
+            propose = _median_step(run["steps"], b, k_max, "propose_s") or draft_s
+            plain_run = _plain(plain, t, b)
+            costs = StepCosts(verify, draft_s / k_max / base, max(propose - draft_s, 0.0) / base,
+                              plain_run["wall_first"] / plain_run["wall"])
+            chosen = best(acceptance, costs)
+            out.append(Option(drafter, rule, t, b, chosen.k, chosen.speedup, _tok_per_s(run) / _tok_per_s(plain_run),
+                              acceptance, costs.draft_forward, chosen.by_k))
+    return out
+
+
+def draft_model_options(drafter: str, measured: dict[str, Any], plain: dict[str, Any], k_max: int) -> list[Option]:
+    """vLLM's ``draft_model`` with the same drafter: measured at its fixed ``k``."""
+    out = []
+    for run in measured["runs"]:
+        speedup = _tok_per_s(run) / _tok_per_s(_plain(plain, run["T"], run["b"]))
+        out.append(Option(drafter, DRAFT_MODEL, run["T"], run["b"], k_max, speedup, speedup,
+                          _acceptance([run], k_max), float("nan"), {k_max: speedup}))
+    return out
+
+
+def geometric_mean(values: list[float]) -> float:
+    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values)) if values else 0.0
+
+
+def best_per_setting(options: list[Option], drafter: str, method: str) -> dict[tuple[float, int], Option]:
+    """Per (temperature, batch): the drafter's best option of ``method`` (ours: the
+    fastest rule, as ``auto`` would settle on; ``draft_model``: its one)."""
+    out: dict[tuple[float, int], Option] = {}
+    for o in options:
+        if o.drafter != drafter or (o.rule == DRAFT_MODEL) != (method == DRAFT_MODEL):
+            continue
+        key = (o.temperature, o.batch)
+        if key not in out or o.projected > out[key].projected:
+            out[key] = o
+    return out
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The fastest choice over the measured settings (geometric mean of the projected
+    speedups), its speedup per (temperature, batch), and its speculative config (``None``:
+    plain decoding is fastest). ``configs``: every (drafter, method)'s own best config
+    and score, for a user bound to one drafter."""
+
+    drafter: str | None
+    method: str | None
+    score: float
+    per_setting: dict[tuple[float, int], Option]
+    config: dict[str, Any] | None
+    configs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _rule_order(options: list[Option], drafter: str, greedy: bool) -> list[str]:
+    """The drafter's rules for one kind of request, fastest first (mean projected speedup)."""
+    by_rule: dict[str, list[float]] = {}
+    for o in options:
+        if o.drafter == drafter and o.rule != DRAFT_MODEL and (o.temperature == 0) == greedy:
+            by_rule.setdefault(o.rule, []).append(o.projected)
+    return sorted(by_rule, key=lambda r: -geometric_mean(by_rule[r]))
+
+
+def config_for(options: list[Option], drafter: str, method: str, model: str,
+               per: dict[tuple[float, int], Option]) -> dict[str, Any]:
+    """The speculative config of one (drafter, method): the longest draft any setting
+    favours (the adaptive budget drafts less where that pays), and for ours, ``auto``'s
+    candidates per kind of request, fastest first."""
+    k = max(max(o.k for o in per.values()), 1)
+    if method == DRAFT_MODEL:
+        return {"method": "draft_model", "model": model, "num_speculative_tokens": k}
+    config: dict[str, Any] = {"method": "hetero", "model": drafter, "num_speculative_tokens": k, "algorithm": "auto"}
+    for key, greedy in (("auto_greedy", True), ("auto_sampled", False)):
+        order = _rule_order(options, drafter, greedy)
+        if order:
+            config[key] = order
+    return config
+
+
+def recommend(options: list[Option], drafter_configs: dict[str, str]) -> Recommendation:
+    """The fastest (drafter, method); ``drafter_configs`` maps each drafter as the user
+    named it to what a config names it by (our configs accept set-up short names,
+    vLLM's ``draft_model`` needs the folder)."""
+    choices = []
+    for drafter, model in drafter_configs.items():
+        for method in ("hetero", DRAFT_MODEL):
+            per = best_per_setting(options, drafter, method)
+            if per:
+                score = geometric_mean([o.projected for o in per.values()])
+                choices.append((score, drafter, method, per, config_for(options, drafter, method, model, per)))
+    if not choices:
+        raise AdviseError("nothing was measured")
+    configs = [{"drafter": d, "method": m, "geomean_speedup": s, "config": c} for s, d, m, _, c in choices]
+    score, drafter, method, per, config = max(choices, key=lambda c: c[0])
+    if score <= 1.0:
+        return Recommendation(None, None, score, per, None, configs)
+    return Recommendation(drafter, method, score, per, config, configs)

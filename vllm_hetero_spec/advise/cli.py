@@ -1,0 +1,335 @@
+"""``python -m vllm_hetero_spec advise``: which drafter, which rule, what speedup.
+
+Checks every input first (models, prompts, sizes, memory), so a bad one fails in a
+second naming the fix. Then it starts one engine at a time, each in a process of its
+own: the target alone, then the target with each drafter under our plugin, and, for a
+drafter of the target's own vocabulary, under vLLM's ``draft_model`` too. Each runs a
+sample of the prompts briefly (:mod:`~vllm_hetero_spec.advise.session`); the projection
+(:mod:`~vllm_hetero_spec.advise.analysis`) and the outputs
+(:mod:`~vllm_hetero_spec.advise.report`) follow. vLLM's own logs go to a file, so the
+terminal shows a progress bar and the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_hetero_spec.advise.analysis import AdviseError, draft_model_options, hetero_options, recommend
+from vllm_hetero_spec.advise.prompts import BUILT_IN, PromptError, load_prompts
+from vllm_hetero_spec.advise.report import plot, table, verdict, write_json
+from vllm_hetero_spec.advise.session import PROGRESS, planned_calls
+from vllm_hetero_spec.config import LOSSLESS_RULES, HeteroSettings
+from vllm_hetero_spec.model_store import set_up_model
+
+#: Bytes per weight by dtype name (the engine's, not the checkpoint's).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                     "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
+#: The KV cache an engine gets on a CPU where the user set none: vLLM's CPU backend
+#: otherwise reserves a share of the machine's memory (``gpu_memory_utilization``) that
+#: a machine with anything else running refuses at start-up.
+CPU_KV_GIB = "2"
+#: Generic lines vLLM logs after the one that names a failed engine's cause.
+_GENERIC = ("Engine core initialization failed", "WorkerProc initialization failed")
+#: Room beyond the weights an engine needs (activations, the runtime, its KV cache's floor).
+FIT_MARGIN = 1.3
+
+
+class InputError(ValueError):
+    """A bad argument, named with its fix."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model as the user named it and the folder it resolved to."""
+
+    name: str
+    folder: Path
+
+
+def resolve_model(flag: str, name: str) -> Model:
+    """A folder with a ``config.json``, or a short name set-up has built."""
+    folder = set_up_model(name)
+    if folder is None:
+        path = Path(name).expanduser()
+        if (path / "config.json").is_file():
+            folder = path.resolve()
+    if folder is None:
+        raise InputError(f"{flag} {name!r}: neither a model folder (with config.json) nor a model set-up has built; "
+                         f"pass a folder, or build the short name first with `bash scripts/setup.sh {name}` "
+                         "(smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b)")
+    return Model(name, folder)
+
+
+def parameters(folder: Path) -> int:
+    """The model's parameter count, from its safetensors headers (no weights read)."""
+    total = 0
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"{folder}: no .safetensors weights found; advise reads safetensors checkpoints")
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for key, t in header.items():
+            if key != "__metadata__":
+                count = 1
+                for d in t["shape"]:
+                    count *= d
+                total += count
+    return total
+
+
+def available_memory() -> tuple[int, str]:
+    """Free bytes where the engine will hold its weights: the first GPU's, else the
+    machine's."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.mem_get_info(0)[0], "free on GPU 0"
+    import psutil
+
+    return psutil.virtual_memory().available, "of memory available"
+
+
+def check_fits(target: Model, drafters: list[Model], dtype: str, available: tuple[int, str]) -> None:
+    """The target and the largest drafter, at ``dtype``, must fit in what is free (one
+    engine runs at a time)."""
+    per = DTYPE_BYTES[dtype]
+    need = parameters(target.folder) * per
+    largest = max((parameters(d.folder) * per for d in drafters), default=0)
+    free, where = available
+    if (need + largest) * FIT_MARGIN > free:
+        gib = 1 << 30
+        raise InputError(f"--target {target.name}: its weights take {need / gib:.1f} GiB as {dtype} "
+                         f"({(need + largest) / gib:.1f} GiB with the largest drafter, plus room to run), but only "
+                         f"{free / gib:.1f} GiB is {where}; pick a smaller target or --dtype, or free memory")
+
+
+def same_vocabulary(a: Path, b: Path) -> bool:
+    """Whether two models share one vocabulary (ids and strings), as vLLM's
+    ``draft_model`` requires."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if AutoConfig.from_pretrained(a).get_text_config().vocab_size != \
+            AutoConfig.from_pretrained(b).get_text_config().vocab_size:
+        return False
+    return AutoTokenizer.from_pretrained(a).get_vocab() == AutoTokenizer.from_pretrained(b).get_vocab()
+
+
+def _ints(flag: str, text: str, minimum: int) -> list[int]:
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: expected integers separated by commas, e.g. 1,8") from None
+    if not values or values[0] < minimum:
+        raise InputError(f"{flag} {text!r}: expected integers >= {minimum}, e.g. 1,8")
+    return values
+
+
+def _floats(flag: str, text: str) -> list[float]:
+    try:
+        values = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: expected numbers separated by commas, e.g. 0,1") from None
+    if not values or values[0] < 0:
+        raise InputError(f"{flag} {text!r}: expected temperatures >= 0, e.g. 0,1")
+    return values
+
+
+def rules_per_temperature(text: str | None, temperatures: list[float]) -> dict[str, list[str]]:
+    """The rules measured at each temperature: ``--rules``, else ``auto``'s default
+    candidates for its kind of request."""
+    if text:
+        rules = list(dict.fromkeys(r.strip() for r in text.split(",") if r.strip()))
+        bad = [r for r in rules if r not in LOSSLESS_RULES]
+        if bad or not rules:
+            raise InputError(f"--rules {text!r}: {', '.join(bad) or 'empty'}; choose among the lossless rules "
+                             f"{', '.join(LOSSLESS_RULES)}")
+        return {str(t): rules for t in temperatures}
+    defaults = HeteroSettings.__dataclass_fields__
+    greedy, sampled = defaults["auto_greedy"].default, defaults["auto_sampled"].default
+    return {str(t): list(greedy if t == 0 else sampled) for t in temperatures}
+
+
+def engine_dtype(requested: str) -> str:
+    """``auto``: vLLM's choice, except float32 on a CPU without native bf16 (bf16 is
+    emulated there, and far slower)."""
+    if requested != "auto":
+        return requested
+    from vllm_hetero_spec.drafter.runtime.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
+
+    if platform_device_type() == "cuda":
+        return "auto"
+    return resolve_draft_dtype("auto", None, "cpu", cpu_flags())[0]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m vllm_hetero_spec advise",
+        description="Measure candidate drafters on your prompts, project the speedup of each over plain decoding "
+                    "per batch size and temperature, and write the speculative config to use.")
+    ap.add_argument("--target", required=True, help="the target model: a folder, or a short name set-up built")
+    ap.add_argument("--drafters", required=True, help="candidate drafters, comma-separated (folders or short names)")
+    ap.add_argument("--prompts", default="spec-bench",
+                    help=f"a jsonl file of {{\"prompt\": ...}} or {{\"messages\": [...]}} rows, or {', '.join(BUILT_IN)}")
+    ap.add_argument("--num-prompts", type=int, default=8, help="prompts sampled from --prompts (default 8)")
+    ap.add_argument("--max-tokens", type=int, default=48, help="tokens generated per prompt (default 48)")
+    ap.add_argument("--batch-sizes", default="1,8", help="batch sizes to project for (default 1,8)")
+    ap.add_argument("--temperatures", default="0,1", help="temperatures to project for (default 0,1)")
+    ap.add_argument("--rules", help="lossless rules to measure (default: auto's candidates for each temperature)")
+    ap.add_argument("--k", type=int, default=6, help="the longest draft measured (default 6)")
+    ap.add_argument("--out", help="write the recommended speculative config here (JSON)")
+    ap.add_argument("--results-dir", default="advise-results", help="table, plot, JSON and vLLM's log (default "
+                    "./advise-results)")
+    ap.add_argument("--dtype", default="auto", choices=sorted(DTYPE_BYTES),
+                    help="the engines' dtype (auto: vLLM's, float32 on a CPU without native bf16)")
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--no-draft-model", action="store_true", help="skip vLLM's draft_model for same-vocabulary drafters")
+    ap.add_argument("--sweep-tokens", type=int, default=16, help="tokens per draft length in the cost sweep")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything checked, before any engine starts."""
+
+    target: Model
+    drafters: list[Model]
+    jobs: list[tuple[str, str | None, dict[str, Any]]]  # (label, drafter as named, session job)
+    results: Path
+
+
+def plan(args: argparse.Namespace, available: tuple[int, str] | None = None) -> Plan:
+    """Check the arguments and lay out the engines to run (raises :class:`InputError`)."""
+    target = resolve_model("--target", args.target)
+    names = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    if not names:
+        raise InputError("--drafters is empty; name at least one draft model, e.g. smollm2-135m")
+    drafters = [resolve_model("--drafters", d) for d in names]
+    for flag, value, low in (("--num-prompts", args.num_prompts, 1), ("--max-tokens", args.max_tokens, 2),
+                             ("--k", args.k, 1), ("--sweep-tokens", args.sweep_tokens, 2)):
+        if value < low:
+            raise InputError(f"{flag} {value}: must be at least {low}")
+    sizes = _ints("--batch-sizes", args.batch_sizes, 1)
+    temps = _floats("--temperatures", args.temperatures)
+    rules = rules_per_temperature(args.rules, temps)
+    try:
+        prompts = load_prompts(args.prompts, args.num_prompts)
+    except PromptError as err:
+        raise InputError(str(err)) from None
+    dtype = engine_dtype(args.dtype)
+    check_fits(target, drafters, dtype, available or available_memory())
+    base = {"target": str(target.folder), "dtype": dtype, "max_model_len": args.max_model_len, "seed": args.seed,
+            "prompts": prompts, "batch_sizes": sizes, "temperatures": temps, "max_tokens": args.max_tokens,
+            "k": args.k, "rules": rules, "sweep_tokens": args.sweep_tokens,
+            "sweep_ks": sorted({0, 1, 2, 4, args.k} & set(range(args.k + 1)))}
+    jobs: list[tuple[str, str | None, dict[str, Any]]] = [("plain", None, {**base, "kind": "plain", "drafter": None})]
+    for d in drafters:
+        named = d.name if set_up_model(d.name) else str(d.folder)
+        jobs.append((d.name, d.name, {**base, "kind": "hetero", "drafter": named}))
+        if not args.no_draft_model and same_vocabulary(target.folder, d.folder):
+            jobs.append((f"{d.name} (vLLM draft_model)", d.name, {**base, "kind": "draft_model", "drafter": str(d.folder)}))
+    return Plan(target, drafters, jobs, Path(args.results_dir))
+
+
+def root_cause(log_text: str) -> str:
+    """The first line of a failed engine's log that names an error other than vLLM's
+    generic wrap-ups, else its last lines."""
+    lines = log_text.splitlines()
+    for line in lines:
+        if re.search(r"\b\w*(Error|Exception): ", line) and not any(g in line for g in _GENERIC):
+            return line.split("] ", 1)[-1].strip()
+    return "\n".join(lines[-15:])
+
+
+def session_env() -> dict[str, str]:
+    """The sessions' environment: the user's, with a KV cache size on a CPU (see
+    :data:`CPU_KV_GIB`)."""
+    env = dict(os.environ)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if engine_dtype("auto") != "auto":  # not CUDA
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_GIB)
+    return env
+
+
+def run_session(label: str, job: dict[str, Any], log: Path, bar: Any) -> dict[str, Any]:
+    """One engine's session in a process of its own; its progress lines move ``bar``."""
+    with tempfile.TemporaryDirectory(prefix="advise-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        job_path.write_text(json.dumps(job))
+        bar.set_description(label)
+        with open(log, "a") as log_file:
+            log_file.write(f"\n===== {label} =====\n")
+            log_file.flush()
+            proc = subprocess.Popen([sys.executable, "-m", "vllm_hetero_spec.advise.session", str(job_path),
+                                     str(out_path)], stdout=subprocess.PIPE, stderr=log_file, text=True,
+                                    env=session_env())
+            for line in proc.stdout:
+                if line.startswith(PROGRESS):
+                    bar.update(1)
+                else:
+                    log_file.write(line)
+            code = proc.wait()
+        if code != 0 or not out_path.is_file():
+            section = log.read_text().rsplit(f"===== {label} =====", 1)[-1]
+            raise AdviseError(f"the {label} engine failed (exit {code}): {root_cause(section)}\n(its log: {log})")
+        return json.loads(out_path.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        p = plan(args)
+    except InputError as err:
+        print(f"advise: {err}", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    p.results.mkdir(parents=True, exist_ok=True)
+    log = p.results / "advise.log"
+    log.write_text("")
+    print(f"advise: {len(p.jobs)} engines, one at a time; vLLM's logs: {log}", flush=True)
+    options, measured = [], {}
+    with tqdm(total=sum(planned_calls(job) for _, _, job in p.jobs), unit="pass") as bar:
+        for label, _, job in p.jobs:
+            try:
+                measured[label] = run_session(label, job, log, bar)
+            except AdviseError as err:
+                if job["kind"] != "draft_model":
+                    print(f"advise: {err}", file=sys.stderr)
+                    return 1
+                bar.write(f"advise: vLLM's draft_model did not run with {job['drafter']}; left out ({log})")
+                bar.update(planned_calls(job))
+    plain, k = measured["plain"], args.k
+    for label, drafter, job in p.jobs[1:]:
+        if label in measured:
+            fn = draft_model_options if job["kind"] == "draft_model" else hetero_options
+            options += fn(drafter, measured[label], plain, k)
+    rec = recommend(options, {d.name: str(d.folder) for d in p.drafters})
+    md = table(options)
+    print(md)
+    print(verdict(rec))
+    (p.results / "advise.md").write_text(f"# advise: {p.target.name}\n\n{md}\n\n{verdict(rec)}\n")
+    picture = plot(options, [d.name for d in p.drafters], p.results / "advise.png")
+    meta = {"target": p.target.name, "drafters": [d.name for d in p.drafters], "args": vars(args),
+            "measured": measured}
+    write_json(p.results / "advise.json", options, rec, meta)
+    if rec.config is not None and args.out:
+        Path(args.out).write_text(json.dumps(rec.config, indent=2) + "\n")
+        print(f"advise: wrote {args.out}: {json.dumps(rec.config)}")
+    elif rec.config is not None:
+        print(f"advise: the config (--out FILE writes it): {json.dumps(rec.config)}")
+    print(f"advise: table, JSON{' and plot' if picture else ''} in {p.results}/")
+    return 0

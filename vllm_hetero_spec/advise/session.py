@@ -1,0 +1,165 @@
+"""One engine's short measured runs, in a process of its own (``advise`` starts one per
+engine, one at a time, so that a large target's memory is freed between them):
+
+    python -m vllm_hetero_spec.advise.session JOB.json RESULT.json
+
+``job["kind"]`` picks what runs:
+
+- ``plain``: the target alone. Per temperature and batch size, the sample's wall time
+  with ``max_tokens`` and with 1 token (its prefill and first token), for the share of a
+  run that no drafter shortens.
+- ``hetero``: the target with our proposer (``algorithm: auto`` over the rules measured,
+  each pinned in turn through :mod:`~vllm_hetero_spec.advise.probe`). First a sweep: per
+  batch size, a few steps at each draft length (the target's step against the tokens
+  it verifies, and the drafting's cost against k); then per temperature, rule and batch
+  size the whole sample at the longest length, for acceptance per position.
+- ``draft_model``: vLLM's own draft-model speculation, the same drafter (same
+  vocabulary only): per temperature and batch size, the sample's wall time and
+  acceptance.
+
+Progress goes to stdout as ``ADVISE-PROGRESS <done> <total>`` lines, which the parent
+turns into a progress bar; everything else (vLLM's logs) into its log file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm_hetero_spec.advise.counters import spec_decode_delta
+from vllm_hetero_spec.advise.probe import PROBE
+from vllm_hetero_spec.advise.prompts import render
+
+PROGRESS = "ADVISE-PROGRESS"
+WARMUP_TOKENS = 4
+
+
+def speculative_config(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The engine's ``speculative_config`` for ``job``."""
+    if job["kind"] == "plain":
+        return None
+    if job["kind"] == "draft_model":
+        return {"method": "draft_model", "model": job["drafter"], "num_speculative_tokens": job["k"]}
+    rules = sorted({r for rs in job["rules"].values() for r in rs})
+    return {"method": "hetero", "model": job["drafter"], "num_speculative_tokens": job["k"], "algorithm": "auto",
+            "auto_greedy": rules, "auto_sampled": rules}
+
+
+def planned_calls(job: dict[str, Any]) -> int:
+    """The generate passes ``job`` times (the progress bar's length)."""
+    temps, sizes = job["temperatures"], job["batch_sizes"]
+    if job["kind"] == "plain":
+        return 2 * len(temps) * len(sizes)
+    if job["kind"] == "draft_model":
+        return len(temps) * len(sizes)
+    return len(sizes) * len(job["sweep_ks"]) + sum(len(job["rules"][str(t)]) for t in temps) * len(sizes)
+
+
+class Session:
+    """One engine and the passes ``job`` asks of it."""
+
+    def __init__(self, job: dict[str, Any]):
+        from vllm.entrypoints.llm import LLM
+
+        self.job = job
+        self.hetero = job["kind"] == "hetero"
+        self.llm = LLM(
+            model=job["target"],
+            dtype=job["dtype"],
+            max_model_len=job["max_model_len"],
+            max_num_seqs=max(job["batch_sizes"]),
+            speculative_config=speculative_config(job),
+            worker_extension_cls=PROBE if self.hetero else "",
+            disable_log_stats=False,
+            seed=job["seed"],
+        )
+        self.prompts = render(job["prompts"], self.llm.get_tokenizer())
+        self.total = planned_calls(job)
+        self.done = 0
+        self._stats: dict[str, float] = {}
+
+    def tick(self) -> None:
+        self.done += 1
+        print(f"{PROGRESS} {self.done} {self.total}", flush=True)
+
+    def generate(self, indices: list[int], batch: int, temperature: float, max_tokens: int) -> tuple[float, list[int]]:
+        """``indices``' prompts, ``batch`` at a time; the wall time and each output's length."""
+        from vllm.sampling_params import SamplingParams
+
+        lengths: list[int] = []
+        t0 = time.perf_counter()
+        for s in range(0, len(indices), batch):
+            chunk = indices[s:s + batch]
+            params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=self.job["seed"] + i)
+                      for i in chunk]
+            outputs = self.llm.generate([self.prompts[i] for i in chunk], params, use_tqdm=False)
+            lengths += [len(o.outputs[0].token_ids) for o in outputs]
+        return time.perf_counter() - t0, lengths
+
+    def pin(self, rule: str | None, k: int) -> None:
+        self.llm.collective_rpc("advise_pin", args=(rule, k))
+
+    def read(self) -> dict[str, Any]:
+        """The steps logged since the last read, and the drafter's counters over them."""
+        got = self.llm.collective_rpc("advise_read")[0]
+        stats = {key: float(v) for key, v in got["stats"].items() if isinstance(v, (int, float))}
+        delta = {key: v - self._stats.get(key, 0.0) for key, v in stats.items()}
+        self._stats = stats
+        return {"steps": got["steps"], "stats": delta}
+
+    def warm_up(self) -> None:
+        """The first pass at a new shape is slow on a CPU (kernels built per shape):
+        one untimed pass per batch size, drafting at the longest length."""
+        for b in self.job["batch_sizes"]:
+            if self.hetero:
+                self.pin(self._first_rule(), self.job["k"])
+            self.generate(list(range(b)), b, 0.0, WARMUP_TOKENS + self.job["k"])
+        if self.hetero:
+            self.read()
+
+    def _first_rule(self) -> str:
+        return self.job["rules"][str(self.job["temperatures"][0])][0]
+
+    def run(self) -> dict[str, Any]:
+        self.warm_up()
+        job, everything = self.job, list(range(len(self.prompts)))
+        out: dict[str, Any] = {"kind": job["kind"], "sweep": [], "runs": []}
+        if self.hetero:
+            for b in job["batch_sizes"]:
+                for k in job["sweep_ks"]:
+                    self.pin(self._first_rule(), k)
+                    wall, _ = self.generate(list(range(b)), b, 0.0, job["sweep_tokens"])
+                    out["sweep"].append({"b": b, "k": k, "wall": wall, **self.read()})
+                    self.tick()
+        for t in job["temperatures"]:
+            rules = job["rules"][str(t)] if self.hetero else [None]
+            for rule in rules:
+                for b in job["batch_sizes"]:
+                    run: dict[str, Any] = {"T": t, "b": b, "rule": rule}
+                    if job["kind"] == "plain":
+                        run["wall_first"], _ = self.generate(everything, b, t, 1)
+                        self.tick()
+                    if self.hetero:
+                        self.pin(rule, job["k"])
+                    before = {m.name: m for m in self.llm.get_metrics()}
+                    run["wall"], run["lengths"] = self.generate(everything, b, t, job["max_tokens"])
+                    if job["kind"] != "plain":
+                        run["counters"] = spec_decode_delta(before, self.llm.get_metrics())
+                    if self.hetero:
+                        run.update(self.read())
+                    out["runs"].append(run)
+                    self.tick()
+        return out
+
+
+def main(job_path: str, out_path: str) -> None:
+    job = json.loads(Path(job_path).read_text())
+    result = Session(job).run()
+    Path(out_path).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
