@@ -399,6 +399,34 @@ MUTATIONS = [
         "            for part in [grow]:",
         ("tests/drafter/test_slrs.py", "-k", "slices"),
     ),
+    Mutation(
+        "advise-prefill-steps", "advise's step log counts a step someone joined or prefilled in as steady",
+        "vllm_hetero_spec/advise/step_log.py",
+        "steady = set(req_ids) <= set(last_ids) and all(s > 0 for s in sampled)",
+        "steady = True",
+        ("tests/advise/test_step_log.py",),
+    ),
+    Mutation(
+        "advise-no-prefill-share", "advise projects decode steps alone, as if a run had no prefill",
+        "vllm_hetero_spec/advise/analysis.py",
+        'plain_run["wall_first"] / plain_run["wall"], reading',
+        "0.0, reading",
+        ("tests/advise/test_analysis.py",),
+    ),
+    Mutation(
+        "advise-no-prompt-reading", "advise leaves out the drafter's reading of each prompt",
+        "vllm_hetero_spec/advise/analysis.py",
+        'reading / plain_run["wall"])',
+        "0.0)",
+        ("tests/advise/test_analysis.py",),
+    ),
+    Mutation(
+        "advise-recommends-a-tie", "advise writes a config where drafting only ties plain decoding",
+        "vllm_hetero_spec/advise/analysis.py",
+        "    if score <= 1.0:",
+        "    if score < 1.0:",
+        ("tests/advise/test_analysis.py",),
+    ),
 ]
 
 

@@ -10,20 +10,22 @@ import math
 import pytest
 
 from vllm_hetero_spec.advise.analysis import (
-    DRAFT_MODEL, draft_model_options, hetero_options, recommend, verify_costs)
-from vllm_hetero_spec.advise.projection import StepCosts, best
+    DRAFT_MODEL, draft_model_options, hetero_options, plain_step, recommend, sweep_costs)
+from vllm_hetero_spec.advise.projection import StepCosts, best, group_steps, speedup
 from vllm_hetero_spec.advise.report import plot, table, verdict, write_json
 from vllm_hetero_spec.config import parse_settings
 
 K = 4
-PLAIN_STEP = {1: 0.10, 8: 0.20}  # seconds
+PLAIN_STEP = {1: 0.10, 8: 0.20}  # seconds per plain decode step
+HOST = 0.004  # the proposal's fixed cost per step
+READING = 2.0  # a non-steady proposal: the drafter reading the prompts
 
 
 def _steps(b: int, k: int, target_s: float, propose_s: float, n: int = 9) -> list[dict]:
     steady = [{"rows": b, "tokens": b * (k + 1), "k": k, "target_s": target_s, "propose_s": propose_s,
                "steady": True} for _ in range(n)]
-    # a prefill step (not steady) and a tail step (fewer rows): neither may count
-    return steady + [{"rows": b, "tokens": 300, "k": k, "target_s": 5.0, "propose_s": 2.0, "steady": False},
+    # a prefill step (not steady) and a tail step (fewer rows): neither may count as a steady step
+    return steady + [{"rows": b, "tokens": 300, "k": k, "target_s": 5.0, "propose_s": READING, "steady": False},
                      {"rows": max(b - 1, 1), "tokens": 1, "k": k, "target_s": 0.01, "propose_s": 0.0, "steady": True}]
 
 
@@ -31,8 +33,13 @@ def _target_s(b: int, k: int) -> float:
     return PLAIN_STEP[b] * (1 + 0.05 * k * b ** 0.5)
 
 
-def _hetero(acceptance: dict[str, list[float]], draft_s: float) -> dict:
-    sweep = [{"b": b, "k": k, "steps": _steps(b, k, _target_s(b, k), draft_s * k / K)}
+def _per_position(b: int, dearer: float = 1.0) -> float:
+    return 0.01 * b ** 0.5 * dearer
+
+
+def _hetero(acceptance: dict[str, list[float]], dearer: dict[str, float] | None = None) -> dict:
+    dearer = dearer or {}
+    sweep = [{"b": b, "k": k, "steps": _steps(b, k, _target_s(b, k), (HOST + k * _per_position(b)) if k else 0.0)}
              for b in PLAIN_STEP for k in (0, 1, 2, 4)]
     runs = []
     for rule, acc in acceptance.items():
@@ -40,40 +47,68 @@ def _hetero(acceptance: dict[str, list[float]], draft_s: float) -> dict:
             drafts = 100.0
             runs.append({"rule": rule, "T": 0.0, "b": b, "wall": 10.0, "lengths": [64] * 8,
                          "counters": {"num_drafts": drafts, "accepted_per_position": [a * drafts for a in acc]},
-                         "stats": {"steps": 50, "draft_s": 50 * draft_s * b ** 0.5},
-                         "steps": _steps(b, K, _target_s(b, K), draft_s * b ** 0.5 + 0.004)})
+                         "stats": {"steps": 50, "draft_s": 1.0},
+                         "steps": _steps(b, K, _target_s(b, K), HOST + K * _per_position(b, dearer.get(rule, 1.0)))})
     return {"kind": "hetero", "sweep": sweep, "runs": runs}
 
 
-PLAIN = {"kind": "plain", "runs": [{"T": 0.0, "b": b, "rule": None, "wall": 20.0, "wall_first": 2.0,
-                                     "lengths": [64] * 8} for b in PLAIN_STEP]}
+def _plain_run(b: int) -> dict:
+    decode = 8 // b * 63 * PLAIN_STEP[b]  # groups of b requests, 63 steps past the first token each
+    return {"T": 0.0, "b": b, "rule": None, "wall": decode + 2.0, "wall_first": 2.0, "lengths": [64] * 8}
 
 
-def test_verify_costs_are_the_steady_full_steps_in_plain_step_units() -> None:
-    base, verify = verify_costs(_hetero({"tli": [0.5] * K}, 0.01), 8)
-    assert base == pytest.approx(PLAIN_STEP[8])
-    assert verify == pytest.approx({k: _target_s(8, k) / PLAIN_STEP[8] for k in (0, 1, 2, 4)})
+PLAIN = {"kind": "plain", "runs": [_plain_run(b) for b in PLAIN_STEP]}
+
+
+def test_sweep_costs_are_the_steady_full_steps_and_a_line_through_the_proposals() -> None:
+    target, host, per_position = sweep_costs(_hetero({"tli": [0.5] * K}), 8)
+    assert target == pytest.approx({k: _target_s(8, k) for k in (0, 1, 2, 4)})
+    assert (host, per_position) == pytest.approx((HOST, _per_position(8)))
+    assert plain_step(_plain_run(8), 8) == pytest.approx(PLAIN_STEP[8])
 
 
 def test_each_option_is_the_projection_of_its_measured_parts() -> None:
     acc = [0.8, 0.6, 0.4, 0.3]
-    options = hetero_options("small", _hetero({"slem": acc, "tli": [0.5, 0.2, 0.1, 0.0]}, 0.01), PLAIN, K)
+    options = hetero_options("small", _hetero({"slem": acc, "tli": [0.5, 0.2, 0.1, 0.0]}, {"tli": 1.5}), PLAIN, K)
     assert len(options) == 4
     slem_b8 = next(o for o in options if o.rule == "slem" and o.batch == 8)
-    draft = 0.01 * 8 ** 0.5
-    costs = StepCosts({k: _target_s(8, k) / 0.2 for k in (0, 1, 2, 4)}, draft / K / 0.2, 0.004 / 0.2, 0.1)
-    expected = best(acc, costs)
+    unit, wall = PLAIN_STEP[8], _plain_run(8)["wall"]
+    costs = StepCosts({k: _target_s(8, k) / unit for k in (0, 1, 2, 4)}, _per_position(8) / unit, HOST / unit,
+                      2.0 / wall, (READING - HOST - K * _per_position(8)) / wall)
+    expected = best(acc, costs, groups=[[64] * 8])  # one group of 8; its run took fewer steps than predicted
     assert (slem_b8.k, slem_b8.projected) == (expected.k, pytest.approx(expected.speedup))
-    assert slem_b8.sample == pytest.approx((64 * 8 / 10.0) / (64 * 8 / 20.0))
+    assert slem_b8.draft_cost == pytest.approx(_per_position(8) / unit)
+    assert slem_b8.sample == pytest.approx(wall / 10.0)
     assert slem_b8.mean_accepted == pytest.approx(1 + sum(acc))
+    tli_b8 = next(o for o in options if o.rule == "tli" and o.batch == 8)
+    assert tli_b8.draft_cost == pytest.approx(1.5 * slem_b8.draft_cost)  # its own cost per position
     tli = [o for o in options if o.rule == "tli"]
     assert all(o.projected < s.projected for o in tli for s in options if s.rule == "slem" and s.batch == o.batch)
 
 
+def test_a_batch_that_waits_for_its_slowest_request_projects_less() -> None:
+    """The run's steps beyond the count its pooled acceptance predicts (a batch runs until
+    its slowest request ends) scale every k's step count."""
+    acc = [0.8, 0.6, 0.4, 0.3]
+    measured = _hetero({"slem": acc})
+    run = next(r for r in measured["runs"] if r["b"] == 8)
+    predicted = group_steps(acc, K, [[64] * 8])
+    run["steps"] += run["steps"][:1] * (round(2 * predicted) + 1 - len(run["steps"]))  # twice the predicted steps
+    slow = next(o for o in hetero_options("small", measured, PLAIN, K) if o.batch == 8)
+    fast = next(o for o in hetero_options("small", _hetero({"slem": acc}), PLAIN, K) if o.batch == 8)
+    unit, wall = PLAIN_STEP[8], _plain_run(8)["wall"]
+    costs = StepCosts({k: _target_s(8, k) / unit for k in (0, 1, 2, 4)}, _per_position(8) / unit, HOST / unit,
+                      2.0 / wall, (READING - HOST - K * _per_position(8)) / wall)
+    tail = (len(run["steps"]) - 1) / predicted
+    assert slow.by_k[2] == pytest.approx(speedup(acc, costs, 2, groups=[[64] * 8], tail=tail))
+    assert slow.projected < fast.projected
+
+
 def test_the_recommendation_orders_the_rules_and_sizes_k(tmp_path) -> None:
-    options = hetero_options("small", _hetero({"slem": [0.8, 0.6, 0.4, 0.3], "tli": [0.5, 0.2, 0.1, 0.0]}, 0.01),
+    options = hetero_options("small", _hetero({"slem": [0.8, 0.6, 0.4, 0.3], "tli": [0.5, 0.2, 0.1, 0.0]}),
                              PLAIN, K)
-    options += hetero_options("weak", _hetero({"slem": [0.2, 0.0, 0.0, 0.0], "tli": [0.1, 0, 0, 0]}, 0.05), PLAIN, K)
+    options += hetero_options("weak", _hetero({"slem": [0.2, 0.0, 0.0, 0.0], "tli": [0.1, 0, 0, 0]}, {"slem": 5.0}),
+                              PLAIN, K)
     rec = recommend(options, {"small": "/m/small", "weak": "/m/weak"})
     assert rec.drafter == "small" and rec.method == "hetero"
     assert rec.config["auto_greedy"] == ["slem", "tli"] and "auto_sampled" not in rec.config
@@ -86,9 +121,9 @@ def test_the_recommendation_orders_the_rules_and_sizes_k(tmp_path) -> None:
 
 
 def test_vllm_draft_model_is_recommended_when_it_is_faster() -> None:
-    options = hetero_options("small", _hetero({"tli": [0.5, 0.2, 0.1, 0.0]}, 0.01), PLAIN, K)
+    options = hetero_options("small", _hetero({"tli": [0.5, 0.2, 0.1, 0.0]}), PLAIN, K)
     fast = {"kind": "draft_model", "runs": [
-        {"T": 0.0, "b": b, "rule": None, "wall": 5.0, "lengths": [64] * 8,
+        {"T": 0.0, "b": b, "rule": None, "wall": _plain_run(b)["wall"] / 4, "lengths": [64] * 8,
          "counters": {"num_drafts": 10.0, "accepted_per_position": [9.0, 8.0, 7.0, 6.0]}} for b in PLAIN_STEP]}
     options += draft_model_options("small", fast, PLAIN, K)
     rec = recommend(options, {"small": "/m/small"})
@@ -98,14 +133,14 @@ def test_vllm_draft_model_is_recommended_when_it_is_faster() -> None:
 
 
 def test_plain_decoding_is_recommended_when_no_drafter_pays() -> None:
-    options = hetero_options("weak", _hetero({"tli": [0.0] * K}, 0.05), PLAIN, K)
+    options = hetero_options("weak", _hetero({"tli": [0.0] * K}), PLAIN, K)
     rec = recommend(options, {"weak": "/m/weak"})
     assert rec.config is None and rec.score == 1.0 and all(o.k == 0 for o in options)
     assert verdict(rec).startswith("Plain decoding")
 
 
 def test_table_plot_and_json(tmp_path) -> None:
-    options = hetero_options("small", _hetero({"slem": [0.8, 0.6, 0.4, 0.3]}, 0.01), PLAIN, K)
+    options = hetero_options("small", _hetero({"slem": [0.8, 0.6, 0.4, 0.3]}), PLAIN, K)
     rec = recommend(options, {"small": "/m/small"})
     md = table(options)
     assert md.count("\n") == 2 and "| small | slem | 0 | 0.80 0.60 0.40 0.30 | 3.10 |" in md

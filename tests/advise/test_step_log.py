@@ -13,9 +13,10 @@ def test_the_log_times_the_target_between_proposals_and_marks_steady_steps() -> 
     log.add(2.0, 2.1, ["a", "b", "c"], [1, 1, 0], [2, 2, 0])  # c joined: not steady
     log.add(2.6, 2.6, ["a"], [3], [0])  # b and c finished: steady (nobody joined)
     assert [(s.rows, s.tokens, s.k, s.steady) for s in log.steps] == [
-        (2, 8, 3, True), (3, 8, 2, False), (1, 7, 0, True)]
-    assert [round(s.target_s, 6) for s in log.steps] == [1.0, 0.7, 0.5]
-    assert [round(s.propose_s, 6) for s in log.steps] == [0.2, 0.1, 0.0]
+        (2, 0, 3, False), (2, 8, 3, True), (3, 8, 2, False), (1, 7, 0, True)]
+    assert [round(s.target_s, 6) for s in log.steps] == [0.0, 1.0, 0.7, 0.5]
+    assert [round(s.propose_s, 6) for s in log.steps] == [0.1, 0.2, 0.1, 0.0]
     log.clear()
     log.add(5.0, 5.1, ["a"], [1], [1])
-    assert log.steps == []  # the first step after a clear has no previous end
+    # the first step after a clear: its proposal counts, its target step was not seen
+    assert [(s.tokens, s.target_s, s.steady) for s in log.steps] == [(0, 0.0, False)]

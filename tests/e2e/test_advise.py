@@ -39,7 +39,7 @@ def test_advise_measures_projects_and_writes_a_config_vllm_accepts(smollm2: str,
                        for r in (*rules, "draft_model") for b in (1, 2)}
     for o in options:
         assert len(o["acceptance"]) == 2 and 0 <= o["acceptance"][1] <= o["acceptance"][0] <= 1
-        assert o["projected"] >= 1.0 and o["sample"] > 0 and 0 <= o["k"] <= 2
+        assert (o["projected"] >= 1.0 or o["rule"] == "draft_model") and o["sample"] > 0 and 0 <= o["k"] <= 2
     # A model drafting for itself at T = 0 is accepted nearly always, by either path.
     greedy = [o for o in options if o["temperature"] == 0.0]
     assert all(o["acceptance"][0] > 0.9 for o in greedy), [(o["rule"], o["acceptance"]) for o in greedy]

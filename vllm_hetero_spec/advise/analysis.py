@@ -2,12 +2,12 @@
 speedups, per drafter, rule, temperature and batch size, and the configuration to use.
 
 Per batch size ``b`` the hetero engine's sweep gives the target's step at each draft
-length ``k`` (the median steady step verifying ``b (k + 1)`` tokens), in units of its
-step at ``k = 0``; each rule's run at the longest length gives its acceptance per
-position (pooled over batch sizes: acceptance is the pair's and the prompts', not the
-batch's) and its proposal cost, split into the draft forwards (scaled by ``k``) and the
-rest (the bridge and host work, per step); the plain engine gives the prefill's share of
-a run. :mod:`~vllm_hetero_spec.advise.projection` turns them into a speedup per ``k``.
+length ``k`` (the median steady step verifying ``b (k + 1)`` tokens) and the proposal's
+cost as a fixed part plus a part per draft position; each rule's run at the longest
+length gives its acceptance per position (pooled over batch sizes: acceptance is the
+pair's and the prompts', not the batch's), its own cost per position, and what the
+drafter's reading of each prompt adds. The plain engine gives the unit, its decode
+step, and the prefill's share of a run. :mod:`~vllm_hetero_spec.advise.projection` turns them into a speedup per ``k``.
 vLLM's ``draft_model`` drafts a fixed ``k``, so its figure is the one measured on the
 sample. Each run at the longest length is also a measurement of that setting on the
 sample; it is reported beside the projection as a check.
@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_hetero_spec.advise.projection import StepCosts, best, expected_tokens
+from vllm_hetero_spec.advise.projection import StepCosts, best, expected_tokens, group_steps
 
 DRAFT_MODEL = "draft_model"
 
@@ -85,37 +85,73 @@ def _plain(plain: dict[str, Any], t: float, b: int) -> dict[str, Any]:
     raise AdviseError(f"the plain engine measured no run at T = {t}, batch {b}")
 
 
-def verify_costs(hetero: dict[str, Any], b: int) -> tuple[float, dict[int, float]]:
-    """The target's step at ``k = 0`` (seconds) and ``v(k)`` per swept ``k`` at batch ``b``."""
-    by_k: dict[int, float] = {}
+def plain_step(run: dict[str, Any], b: int) -> float:
+    """Seconds per decode step of the plain engine: its run's time past the first token,
+    over its decode steps (per group of ``b`` requests, the longest output less one)."""
+    lengths = run["lengths"]
+    steps = sum(max(lengths[i:i + b]) - 1 for i in range(0, len(lengths), b))
+    return (run["wall"] - run["wall_first"]) / max(steps, 1)
+
+
+def sweep_costs(hetero: dict[str, Any], b: int) -> tuple[dict[int, float], float, float]:
+    """At batch ``b``, from the sweep: the target's step per swept ``k`` (seconds), and
+    the proposal's fixed cost and cost per draft position (a least-squares line through
+    its median at each ``k > 0``)."""
+    target: dict[int, float] = {}
+    propose: dict[int, float] = {}
     for sweep in hetero["sweep"]:
         if sweep["b"] == b:
             t = _median_step(sweep["steps"], b, sweep["k"], "target_s")
             if t is not None:
-                by_k[sweep["k"]] = t
-    if 0 not in by_k:
-        raise AdviseError(f"no steady step at batch {b} without drafts; raise --sweep-tokens")
-    base = by_k[0]
-    return base, {k: v / base for k, v in sorted(by_k.items())}
+                target[sweep["k"]] = t
+                if sweep["k"] > 0:
+                    propose[sweep["k"]] = _median_step(sweep["steps"], b, sweep["k"], "propose_s")
+    if not propose:
+        raise AdviseError(f"no steady drafting step at batch {b}; raise --sweep-tokens")
+    ks, ys = list(propose), list(propose.values())
+    if len(ks) == 1:
+        return dict(sorted(target.items())), 0.0, ys[0] / ks[0]
+    mean_k, mean_y = statistics.fmean(ks), statistics.fmean(ys)
+    slope = sum((k - mean_k) * (y - mean_y) for k, y in zip(ks, ys)) / sum((k - mean_k) ** 2 for k in ks)
+    slope = max(slope, 0.0)
+    return dict(sorted(target.items())), max(mean_y - slope * mean_k, 0.0), slope
+
+
+def _groups(lengths: list[int], b: int) -> list[list[int]]:
+    return [lengths[i:i + b] for i in range(0, len(lengths), b)]
+
+
+def _tail(run: dict[str, Any], acceptance: list[float], k: int, b: int) -> float:
+    """The run's decode steps (its proposals, less one prefill step per group) over the
+    count its pooled acceptance predicts: above 1 where some requests of a batch accept
+    less than others and the batch waits for them."""
+    groups = _groups(run["lengths"], b)
+    predicted = group_steps(acceptance, k, groups)
+    observed = len(run["steps"]) - len(groups)
+    return max(observed / predicted, 1.0) if predicted > 0 and observed > 0 else 1.0
 
 
 def hetero_options(drafter: str, hetero: dict[str, Any], plain: dict[str, Any], k_max: int) -> list[Option]:
-    """Our rules' options for one drafter."""
+    """Our rules' options for one drafter. Costs are in units of the plain engine's
+    decode step; a rule's cost per draft position is its own (its median proposal at the
+    longest ``k``, less the sweep's fixed cost), and the drafter's reading of each
+    prompt is what the run's non-steady proposals took beyond a steady one."""
     out = []
-    by_b = {b: verify_costs(hetero, b) for b in sorted({s["b"] for s in hetero["sweep"]})}
+    by_b = {b: sweep_costs(hetero, b) for b in sorted({s["b"] for s in hetero["sweep"]})}
     for rule, t in sorted({(r["rule"], r["T"]) for r in hetero["runs"]}):
         runs = [r for r in hetero["runs"] if r["rule"] == rule and r["T"] == t]
         acceptance = _acceptance(runs, k_max)
         for run in runs:
             b = run["b"]
-            base, verify = by_b[b]
-            stats = run["stats"]
-            draft_s = stats["draft_s"] / stats["steps"] if stats.get("steps") else 0.0
-            propose = _median_step(run["steps"], b, k_max, "propose_s") or draft_s
+            target, host, per_position = by_b[b]
             plain_run = _plain(plain, t, b)
-            costs = StepCosts(verify, draft_s / k_max / base, max(propose - draft_s, 0.0) / base,
-                              plain_run["wall_first"] / plain_run["wall"])
-            chosen = best(acceptance, costs)
+            unit = plain_step(plain_run, b)
+            propose = _median_step(run["steps"], b, k_max, "propose_s") or host + per_position * k_max
+            reading = sum(max(s["propose_s"] - propose, 0.0) for s in run["steps"] if not s["steady"])
+            costs = StepCosts({k: v / unit for k, v in target.items()}, max(propose - host, 0.0) / k_max / unit,
+                              host / unit, plain_run["wall_first"] / plain_run["wall"], reading / plain_run["wall"])
+            groups = _groups(plain_run["lengths"], b)
+            chosen = best(acceptance, costs, groups=groups, tail=_tail(run, acceptance, k_max, b))
             out.append(Option(drafter, rule, t, b, chosen.k, chosen.speedup, _tok_per_s(run) / _tok_per_s(plain_run),
                               acceptance, costs.draft_forward, chosen.by_k))
     return out

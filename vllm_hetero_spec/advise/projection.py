@@ -7,8 +7,15 @@ position, above 1 for the string-level rules' re-tokenized drafts) and ``h``, th
 bridge and the proposer's host work. It emits ``E(k) = 1 + r_1 + ... + r_k`` tokens per
 request, ``r_i`` the share of steps whose position ``i`` was accepted (vLLM's
 per-position counters are cumulative: position ``i`` counts only when ``1..i-1`` did).
-A run's prefill costs the same either way, so with ``p`` the prefill's share of a
-plain run the speedup is ``1 / (p + (1 - p) * (v(k) + k f c + h) / E(k))``.
+A run's prefill costs the same either way, except that the drafter reads each prompt
+too: with ``p`` the prefill's share of a plain run and ``x`` the drafter's reading, in
+the same units, the speedup is ``1 / (p + x + (1 - p) * (v(k) + k f c + h) / E(k))``.
+
+A request of ``L`` tokens takes ``L - 1`` plain decode steps but, drafting, about
+``(L - 1) / E(k)`` -- about, because its last step emits only what is left. Where the
+outputs' lengths are known, :func:`decode_steps` counts the expected steps exactly and
+``(L - 1) / E(k)`` becomes that count (for short outputs the difference is large: at
+``L = 12`` and ``E = 2.1``, 6 steps rather than 5.2).
 
 Pure arithmetic on measured numbers: ``advise`` measures them on the user's machine and
 prompts; ``tests/advise/test_projection.py`` checks the formula against the step
@@ -30,12 +37,15 @@ class StepCosts:
         draft_forward: ``c``: one draft forward for the whole batch.
         host: ``h``: per drafting step, the bridge and the proposer's host work.
         prefill_share: ``p``: the share of a plain run spent outside decode steps.
+        prefill_extra: ``x``: what drafting adds outside decode steps (the drafter reading
+            each prompt), as a share of a plain run.
     """
 
     verify: dict[int, float]
     draft_forward: float
     host: float = 0.0
     prefill_share: float = 0.0
+    prefill_extra: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -56,21 +66,55 @@ def expected_tokens(acceptance: Sequence[float], k: int) -> float:
     return 1.0 + sum(acceptance[:k])
 
 
-def speedup(acceptance: Sequence[float], costs: StepCosts, k: int, forwards_per_position: float = 1.0) -> float:
-    """The projected speedup over plain decoding of drafting ``k`` tokens every step."""
+def decode_steps(acceptance: Sequence[float], k: int, tokens: int) -> float:
+    """The expected steps drafting ``k`` takes to emit ``tokens`` tokens: each step emits
+    ``j + 1`` with probability ``r_j - r_{j+1}`` (``r_0 = 1``, ``r_{k+1} = 0``), and the
+    last step no more than are left."""
+    r = [1.0, *acceptance[:k], 0.0]
+    emit = [(j + 1, r[j] - r[j + 1]) for j in range(k + 1)]
+    steps = [0.0] * (tokens + 1)
+    for n in range(1, tokens + 1):
+        steps[n] = 1.0 + sum(p * steps[max(n - e, 0)] for e, p in emit)
+    return steps[tokens]
+
+
+def group_steps(acceptance: Sequence[float], k: int, groups: Sequence[Sequence[int]]) -> float:
+    """Expected decode steps drafting ``k`` for groups of requests run together (their
+    output lengths): each group until its longest request ends."""
+    return sum(max(decode_steps(acceptance, k, n - 1) for n in g) for g in groups)
+
+
+def step_ratio(acceptance: Sequence[float], k: int, groups: Sequence[Sequence[int]] | None,
+               tail: float = 1.0) -> float:
+    """Decode steps drafting ``k`` over plain decode steps: ``1 / E(k)``, or, given the
+    output lengths of each group of requests run together, the expected count
+    (:func:`group_steps`) times ``tail``: how many more steps a batch took than that
+    count said, measured (requests accept at different rates, and a group waits for
+    its slowest)."""
+    if not groups:
+        return 1.0 / expected_tokens(acceptance, k)
+    plain = sum(max(g) - 1 for g in groups)
+    return tail * group_steps(acceptance, k, groups) / plain if plain > 0 else 1.0
+
+
+def speedup(acceptance: Sequence[float], costs: StepCosts, k: int, forwards_per_position: float = 1.0,
+            groups: Sequence[Sequence[int]] | None = None, tail: float = 1.0) -> float:
+    """The projected speedup over plain decoding of drafting ``k`` tokens every step
+    (``groups``, ``tail``: see :func:`step_ratio`)."""
     if k == 0:
         return 1.0
     step = costs.verify[k] + k * forwards_per_position * costs.draft_forward + costs.host
-    decode = step / expected_tokens(acceptance, k)
-    return 1.0 / (costs.prefill_share + (1.0 - costs.prefill_share) * decode)
+    decode = step * step_ratio(acceptance, k, groups, tail)
+    return 1.0 / (costs.prefill_share + costs.prefill_extra + (1.0 - costs.prefill_share) * decode)
 
 
-def best(acceptance: Sequence[float], costs: StepCosts, forwards_per_position: float = 1.0) -> Projection:
+def best(acceptance: Sequence[float], costs: StepCosts, forwards_per_position: float = 1.0,
+         groups: Sequence[Sequence[int]] | None = None, tail: float = 1.0) -> Projection:
     """The draft length the measured costs favour (0, plain, when none pays), as the
     adaptive budget would settle on it."""
     by_k = {0: 1.0}
     for k in sorted(costs.verify):
         if 0 < k <= len(acceptance):
-            by_k[k] = speedup(acceptance, costs, k, forwards_per_position)
+            by_k[k] = speedup(acceptance, costs, k, forwards_per_position, groups, tail)
     k = max(by_k, key=lambda n: by_k[n])
     return Projection(k, by_k[k], by_k)

@@ -16,6 +16,12 @@ engine, one at a time, so that a large target's memory is freed between them):
 - ``draft_model``: vLLM's own draft-model speculation, the same drafter (same
   vocabulary only): per temperature and batch size, the sample's wall time and
   acceptance.
+- ``config``: a speculative config as written (``job["config"]``: the one ``advise``
+  recommends, checked on other prompts), measured like ``draft_model``.
+
+A job with ``pins`` (``{"T", "b"}`` each, and for ``hetero`` ``"rule"`` and ``"k"``;
+``"round"`` is carried to the result) runs just those settings, no sweep: how a
+projection is checked on prompts ``advise`` did not see.
 
 Progress goes to stdout as ``ADVISE-PROGRESS <done> <total>`` lines, which the parent
 turns into a progress bar; everything else (vLLM's logs) into its log file.
@@ -41,6 +47,8 @@ def speculative_config(job: dict[str, Any]) -> dict[str, Any] | None:
     """The engine's ``speculative_config`` for ``job``."""
     if job["kind"] == "plain":
         return None
+    if job["kind"] == "config":
+        return job["config"]
     if job["kind"] == "draft_model":
         return {"method": "draft_model", "model": job["drafter"], "num_speculative_tokens": job["k"]}
     rules = sorted({r for rs in job["rules"].values() for r in rs})
@@ -51,10 +59,11 @@ def speculative_config(job: dict[str, Any]) -> dict[str, Any] | None:
 def planned_calls(job: dict[str, Any]) -> int:
     """The generate passes ``job`` times (the progress bar's length)."""
     temps, sizes = job["temperatures"], job["batch_sizes"]
-    if job["kind"] == "plain":
-        return 2 * len(temps) * len(sizes)
-    if job["kind"] == "draft_model":
-        return len(temps) * len(sizes)
+    per_run = 2 if job["kind"] == "plain" and job.get("first_token", True) else 1
+    if job.get("pins"):
+        return per_run * len(job["pins"])
+    if job["kind"] != "hetero":
+        return per_run * len(temps) * len(sizes)
     return len(sizes) * len(job["sweep_ks"]) + sum(len(job["rules"][str(t)]) for t in temps) * len(sizes)
 
 
@@ -123,10 +132,33 @@ class Session:
     def _first_rule(self) -> str:
         return self.job["rules"][str(self.job["temperatures"][0])][0]
 
+    def measure(self, rule: str | None, t: float, b: int, k: int) -> dict[str, Any]:
+        """The whole sample at temperature ``t``, ``b`` requests at a time (ours: pinned
+        to ``rule`` and ``k``): wall time, output lengths, and the engine's counters."""
+        job, everything = self.job, list(range(len(self.prompts)))
+        run: dict[str, Any] = {"T": t, "b": b, "rule": rule, "k": k}
+        if job["kind"] == "plain" and job.get("first_token", True):
+            run["wall_first"], _ = self.generate(everything, b, t, 1)
+            self.tick()
+        if self.hetero:
+            self.pin(rule, k)
+        before = {m.name: m for m in self.llm.get_metrics()}
+        run["wall"], run["lengths"] = self.generate(everything, b, t, job["max_tokens"])
+        if job["kind"] != "plain":
+            run["counters"] = spec_decode_delta(before, self.llm.get_metrics())
+        if self.hetero:
+            run.update(self.read())
+        self.tick()
+        return run
+
     def run(self) -> dict[str, Any]:
         self.warm_up()
-        job, everything = self.job, list(range(len(self.prompts)))
+        job = self.job
         out: dict[str, Any] = {"kind": job["kind"], "sweep": [], "runs": []}
+        if job.get("pins"):
+            out["runs"] = [{**self.measure(p.get("rule"), p["T"], p["b"], p.get("k", job["k"])),
+                            "round": p.get("round", 0)} for p in job["pins"]]
+            return out
         if self.hetero:
             for b in job["batch_sizes"]:
                 for k in job["sweep_ks"]:
@@ -135,23 +167,9 @@ class Session:
                     out["sweep"].append({"b": b, "k": k, "wall": wall, **self.read()})
                     self.tick()
         for t in job["temperatures"]:
-            rules = job["rules"][str(t)] if self.hetero else [None]
-            for rule in rules:
+            for rule in job["rules"][str(t)] if self.hetero else [None]:
                 for b in job["batch_sizes"]:
-                    run: dict[str, Any] = {"T": t, "b": b, "rule": rule}
-                    if job["kind"] == "plain":
-                        run["wall_first"], _ = self.generate(everything, b, t, 1)
-                        self.tick()
-                    if self.hetero:
-                        self.pin(rule, job["k"])
-                    before = {m.name: m for m in self.llm.get_metrics()}
-                    run["wall"], run["lengths"] = self.generate(everything, b, t, job["max_tokens"])
-                    if job["kind"] != "plain":
-                        run["counters"] = spec_decode_delta(before, self.llm.get_metrics())
-                    if self.hetero:
-                        run.update(self.read())
-                    out["runs"].append(run)
-                    self.tick()
+                    out["runs"].append(self.measure(rule, t, b, job["k"]))
         return out
 
 

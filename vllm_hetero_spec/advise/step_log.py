@@ -5,7 +5,8 @@ end of one proposal to the start of the next is the target's step (its forward o
 rows and the drafts proposed, the rejection sampler, vLLM's bookkeeping), and a
 proposal's own span is the drafting. A step is *steady* when nobody joined the batch
 and nobody is prefilling -- the same test as the draft budget's (``policy/budget.py``),
-so a prefill never passes for the cost of verifying drafts.
+so a prefill never passes for the cost of verifying drafts. Every proposal is one
+engine step, so the log also counts the steps a run took.
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ class StepLog:
         """A proposal that ran from ``start`` to ``end`` for ``req_ids``, after the
         target sampled ``sampled[i]`` tokens for row ``i`` (0: still prefilling), and
         sent ``proposed[i]`` drafts."""
-        if self._last is not None:
+        k = max(proposed, default=0)
+        if self._last is None:  # the first since a clear: its target step was not seen
+            self.steps.append(StepTiming(len(req_ids), 0, k, 0.0, end - start, False))
+        else:
             last_ids, drafted, last_end = self._last
             steady = set(req_ids) <= set(last_ids) and all(s > 0 for s in sampled)
-            self.steps.append(StepTiming(len(req_ids), len(last_ids) + drafted, max(proposed, default=0),
-                                         start - last_end, end - start, steady))
+            self.steps.append(StepTiming(len(req_ids), len(last_ids) + drafted, k, start - last_end, end - start,
+                                         steady))
         self._last = (list(req_ids), sum(proposed), end)
 
     def clear(self) -> None:

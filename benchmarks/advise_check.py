@@ -1,0 +1,186 @@
+"""Do ``advise``'s projections hold on prompts it did not see?
+
+For each target: ``python -m vllm_hetero_spec advise`` on a sample of Spec-Bench (its
+table, plot, JSON and config kept in ``results/advise_<target>/``), then a measurement
+on held-out Spec-Bench prompts (never in advise's sample), at the same batch sizes and
+temperatures:
+
+- each projected option as advise configured it: ours pinned to its rule and best k
+  (one engine per drafter), vLLM's ``draft_model`` with its config;
+- the config advise recommends, as written (``auto``, the adaptive budget);
+- plain decoding, before and after: plain [1] | every other engine [1, 2] | plain [2],
+  each engine running its consecutive rounds in one process (one engine alive at a
+  time: a float32 1.5B engine alone takes about half of a 24 GiB machine).
+
+A measured speedup is the option's tokens per second over the same round's plain
+decoding at the same temperature and batch size; its spread, the range over rounds.
+The bar: every projection within 15% of the median measured speedup, or inside the
+measured spread where that is wider; the recommended config's measured speedup the best
+measured at each setting, or within 5% of it.
+
+    .venv/bin/python benchmarks/advise_check.py                       # every target
+    .venv/bin/python benchmarks/advise_check.py --targets qwen2.5-coder-1.5b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from report import meta, ratio_cell, results_dir, table, write_report
+
+from hetero_harness.prompts import held_out_questions
+
+#: Every pair the shipped models make: target -> drafters.
+PAIRS = {
+    "qwen2.5-coder-1.5b": ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"],
+    "qwen2.5-coder-0.5b": ["smollm2-135m", "gemma3-270m"],
+    "gemma3-270m": ["smollm2-135m"],
+}
+TOLERANCE = 0.15
+RECOMMENDED_WITHIN = 0.05
+#: Spec-Bench prompts (round-robin order) that advise's sample may draw from; the held-out
+#: prompts come after them.
+SAMPLE_POOL = 40
+
+
+def run_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """advise on the sample; its outputs in ``folder`` (the log of vLLM's output removed)."""
+    cmd = [sys.executable, "-m", "vllm_hetero_spec", "advise", "--target", target, "--drafters", ",".join(PAIRS[target]),
+           "--num-prompts", str(args.num_prompts), "--max-tokens", str(args.max_tokens), "--batch-sizes",
+           args.batch_sizes, "--temperatures", args.temperatures, "--k", str(args.k), "--results-dir", str(folder),
+           "--out", str(folder / "config.json")]
+    subprocess.run(cmd, check=True)
+    (folder / "advise.log").unlink(missing_ok=True)
+    return json.loads((folder / "advise.json").read_text())
+
+
+def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argparse.Namespace
+               ) -> list[tuple[str, dict[str, Any]]]:
+    """The engines of the held-out measurement, in order, each with its runs (pins)."""
+    from vllm_hetero_spec.advise.cli import engine_dtype, resolve_model
+
+    rounds = list(range(args.rounds))
+    settings = sorted({(o["temperature"], o["batch"]) for o in advised["options"]})
+    base = {"target": str(resolve_model("--target", target).folder), "dtype": engine_dtype("auto"),
+            "max_model_len": 2048, "seed": 0, "prompts": prompts, "max_tokens": args.max_tokens, "k": args.k,
+            "batch_sizes": sorted({b for _, b in settings}), "temperatures": sorted({t for t, _ in settings})}
+
+    def pins(rows: list[dict[str, Any]], rs: list[int]) -> list[dict[str, Any]]:
+        return [{**row, "round": r} for r in rs for row in rows]
+
+    plain_rows = [{"T": t, "b": b} for t, b in settings]
+    jobs = [("plain 1", {**base, "kind": "plain", "first_token": False, "pins": pins(plain_rows, rounds[:1])})]
+    for drafter in advised["drafters"]:
+        ours = [{"rule": o["rule"], "T": o["temperature"], "b": o["batch"], "k": o["k"]}
+                for o in advised["options"] if o["drafter"] == drafter and o["rule"] != "draft_model"]
+        rules = {str(t): sorted({p["rule"] for p in ours if p["T"] == t}) for t in base["temperatures"]}
+        jobs.append((f"{drafter} (pinned)", {**base, "kind": "hetero", "drafter": drafter, "rules": rules,
+                                             "pins": pins(ours, rounds)}))
+    configs = [c for c in advised["recommendation"]["per_drafter"] if c["method"] == "draft_model"]
+    recommended = advised["recommendation"]["config"]
+    if recommended is not None:
+        configs.append({"drafter": "recommended", "config": recommended})
+    for c in configs:
+        rows = [{"T": t, "b": b} for t, b in settings]
+        label = "recommended" if c["drafter"] == "recommended" else f"{c['drafter']} (vLLM draft_model)"
+        jobs.append((label, {**base, "kind": "config", "config": c["config"], "pins": pins(rows, rounds)}))
+    if len(rounds) > 1:
+        jobs.append(("plain 2", {**base, "kind": "plain", "first_token": False, "pins": pins(plain_rows, rounds[1:])}))
+    return jobs
+
+
+def speedups(measured: dict[str, dict[str, Any]], label: str, rule: str | None, t: float, b: int) -> list[float]:
+    """Per round, ``label``'s tokens per second at (``rule``, ``t``, ``b``) over plain's."""
+    plain = {r["round"]: sum(r["lengths"]) / r["wall"] for m in ("plain 1", "plain 2") if m in measured
+             for r in measured[m]["runs"] if r["T"] == t and r["b"] == b}
+    return [sum(r["lengths"]) / r["wall"] / plain[r["round"]] for r in measured[label]["runs"]
+            if r["T"] == t and r["b"] == b and r.get("rule") == rule and r["round"] in plain]
+
+
+def verdicts(advised: dict[str, Any], measured: dict[str, dict[str, Any]]) -> tuple[list[dict], list[dict]]:
+    """One row per projected option (projected, measured median and spread, within the
+    bar?) and one per setting for the recommended config."""
+    rows = []
+    for o in advised["options"]:
+        dm = o["rule"] == "draft_model"
+        label = f"{o['drafter']} (vLLM draft_model)" if dm else f"{o['drafter']} (pinned)"
+        xs = speedups(measured, label, None if dm else o["rule"], o["temperature"], o["batch"])
+        med = statistics.median(xs)
+        ok = abs(o["projected"] / med - 1) <= TOLERANCE or min(xs) <= o["projected"] <= max(xs)
+        rows.append({"drafter": o["drafter"], "rule": o["rule"], "T": o["temperature"], "b": o["batch"], "k": o["k"],
+                     "projected": o["projected"], "measured": med, "low": min(xs), "high": max(xs), "ok": ok})
+    rec_rows = []
+    if "recommended" in measured:
+        for t, b in sorted({(r["T"], r["b"]) for r in rows}):
+            xs = speedups(measured, "recommended", None, t, b)
+            best = max(r["measured"] for r in rows if (r["T"], r["b"]) == (t, b))
+            med = statistics.median(xs)
+            rec_rows.append({"T": t, "b": b, "measured": med, "low": min(xs), "high": max(xs), "best_option": best,
+                             "ok": med >= (1 - RECOMMENDED_WITHIN) * best})
+    return rows, rec_rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    ap.add_argument("--num-prompts", type=int, default=8, help="advise's sample")
+    ap.add_argument("--held-out", type=int, default=8, help="prompts of the check")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--k", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    from tqdm import tqdm
+
+    from vllm_hetero_spec.advise.cli import run_session
+    from vllm_hetero_spec.advise.session import planned_calls
+
+    prompts = [[{"role": "user", "content": q}] for q in held_out_questions(args.held_out, SAMPLE_POOL)]
+    results: dict[str, Any] = {"meta": meta(args), "targets": {}}
+    for target in args.targets:
+        folder = results_dir() / f"advise_{target}"
+        shutil.rmtree(folder, ignore_errors=True)
+        advised = run_advise(target, args, folder)
+        jobs = check_jobs(target, advised, prompts, args)
+        log = Path(f"/tmp/advise_check_{target}.log")
+        log.write_text("")
+        measured = {}
+        with tqdm(total=sum(planned_calls(j) for _, j in jobs), unit="pass") as bar:
+            for label, job in jobs:
+                measured[label] = run_session(label, job, log, bar)
+        rows, rec_rows = verdicts(advised, measured)
+        results["targets"][target] = {"rows": rows, "recommended": rec_rows,
+                                      "recommendation": advised["recommendation"], "measured": measured}
+        write(results)
+
+
+def write(results: dict[str, Any]) -> None:
+    md = ["advise's projections (on its sample of Spec-Bench) against speedups measured on held-out Spec-Bench "
+          "prompts, over plain decoding in the same round: median [min-max] over rounds. Bar: within "
+          f"{TOLERANCE:.0%} or inside the spread; the recommended config within {RECOMMENDED_WITHIN:.0%} of the "
+          "best measured option.", ""]
+    for target, r in results["targets"].items():
+        md += [f"## {target}", ""]
+        md += table(["drafter", "rule", "T", "b", "k", "projected", "measured", "within bar"],
+                    [[x["drafter"], x["rule"], f"{x['T']:g}", x["b"], x["k"], f"{x['projected']:.2f}x",
+                      ratio_cell(x["measured"], x["low"], x["high"]), "yes" if x["ok"] else "**no**"]
+                     for x in r["rows"]])
+        if r["recommended"]:
+            md += ["", f"Recommended: `{json.dumps(r['recommendation']['config'])}`", ""]
+            md += table(["T", "b", "measured", "best option measured", "within 5%"],
+                        [[f"{x['T']:g}", x["b"], ratio_cell(x["measured"], x["low"], x["high"]),
+                          f"{x['best_option']:.2f}x", "yes" if x["ok"] else "**no**"] for x in r["recommended"]])
+        md.append("")
+    write_report("advise_check", results, md, title="advise_check: projections against held-out measurements")
+
+
+if __name__ == "__main__":
+    main()
