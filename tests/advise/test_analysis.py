@@ -10,7 +10,8 @@ import math
 import pytest
 
 from vllm_hetero_spec.advise.analysis import (
-    DRAFT_MODEL, draft_model_options, hetero_options, plain_step, recommend, sweep_costs)
+    DRAFT_MODEL, Option, best_per_setting, config_for, draft_model_options, hetero_options, plain_step, recommend,
+    sweep_costs)
 from vllm_hetero_spec.advise.projection import StepCosts, best, group_steps, speedup
 from vllm_hetero_spec.advise.report import plot, table, verdict, write_json
 from vllm_hetero_spec.config import parse_settings
@@ -104,20 +105,40 @@ def test_a_batch_that_waits_for_its_slowest_request_projects_less() -> None:
     assert slow.projected < fast.projected
 
 
-def test_the_recommendation_orders_the_rules_and_sizes_k(tmp_path) -> None:
+def test_the_recommendation_is_a_config_the_plugin_takes(tmp_path) -> None:
     options = hetero_options("small", _hetero({"slem": [0.8, 0.6, 0.4, 0.3], "tli": [0.5, 0.2, 0.1, 0.0]}),
                              PLAIN, K)
     options += hetero_options("weak", _hetero({"slem": [0.2, 0.0, 0.0, 0.0], "tli": [0.1, 0, 0, 0]}, {"slem": 5.0}),
                               PLAIN, K)
     rec = recommend(options, {"small": "/m/small", "weak": "/m/weak"})
     assert rec.drafter == "small" and rec.method == "hetero"
-    assert rec.config["auto_greedy"] == ["slem", "tli"] and "auto_sampled" not in rec.config
-    assert rec.config["num_speculative_tokens"] == max(o.k for o in rec.per_setting.values()) >= 1
-    # the config is one the plugin accepts as it is
+    assert {c["drafter"] for c in rec.configs} == {"small", "weak"}
     (tmp_path / "config.json").write_text("{}")
     settings, _ = parse_settings({**rec.config, "model": str(tmp_path)})
-    assert settings.auto_greedy == ("slem", "tli") and settings.draft_budget == "adaptive"
+    assert settings.num_speculative_tokens == max(o.k for o in rec.per_setting.values()) >= 1
     assert "Use small with vllm_hetero_spec" in verdict(rec)
+
+
+def _option(rule: str, t: float, b: int, k: int, projected: float) -> Option:
+    return Option("d", rule, t, b, k, projected, projected, [0.5] * 4, 0.1)
+
+
+def test_one_rule_at_one_k_everywhere_is_written_as_exactly_that() -> None:
+    options = [_option("slem", 0.0, b, 3, 1.3) for b in (1, 8)] + [_option("tli", 0.0, b, 3, 1.1) for b in (1, 8)]
+    config = config_for(options, "d", "hetero", "/m/d", best_per_setting(options, "d", "hetero"))
+    assert config == {"method": "hetero", "model": "d", "num_speculative_tokens": 3, "draft_budget": "fixed",
+                      "algorithm": "slem"}
+
+
+def test_settings_that_disagree_get_auto_and_the_adaptive_budget() -> None:
+    """slem best at batch 1 with k = 3, tli at batch 8 with k = 1, tli at T = 1: auto,
+    each kind's rules fastest first (geometric mean over its settings), up to k = 3."""
+    options = [_option("slem", 0.0, 1, 3, 1.5), _option("tli", 0.0, 1, 2, 1.2),
+               _option("slem", 0.0, 8, 1, 1.01), _option("tli", 0.0, 8, 1, 1.05),
+               _option("tli", 1.0, 1, 2, 1.2), _option("slrs", 1.0, 1, 1, 1.1)]
+    config = config_for(options, "d", "hetero", "/m/d", best_per_setting(options, "d", "hetero"))
+    assert config == {"method": "hetero", "model": "d", "num_speculative_tokens": 3, "algorithm": "auto",
+                      "auto_greedy": ["slem", "tli"], "auto_sampled": ["tli", "slrs"]}
 
 
 def test_vllm_draft_model_is_recommended_when_it_is_faster() -> None:

@@ -210,13 +210,21 @@ def _rule_order(options: list[Option], drafter: str, greedy: bool) -> list[str]:
 
 def config_for(options: list[Option], drafter: str, method: str, model: str,
                per: dict[tuple[float, int], Option]) -> dict[str, Any]:
-    """The speculative config of one (drafter, method): the longest draft any setting
-    favours (the adaptive budget drafts less where that pays), and for ours, ``auto``'s
-    candidates per kind of request, fastest first."""
+    """The speculative config of one (drafter, method). Where every setting favours the
+    same rule and the same k, exactly that (``draft_budget: fixed``): what was measured,
+    without ``auto``'s comparisons or the budget's probes, which cost steps of their own.
+    Otherwise ``auto`` with each kind's rules fastest first, and the adaptive budget up
+    to the longest k any setting favours (it drafts less, or nothing, where that pays)."""
     k = max(max(o.k for o in per.values()), 1)
     if method == DRAFT_MODEL:
         return {"method": "draft_model", "model": model, "num_speculative_tokens": k}
-    config: dict[str, Any] = {"method": "hetero", "model": drafter, "num_speculative_tokens": k, "algorithm": "auto"}
+    config: dict[str, Any] = {"method": "hetero", "model": drafter, "num_speculative_tokens": k}
+    rules, ks = {o.rule for o in per.values()}, {o.k for o in per.values()}
+    if len(ks) == 1:
+        config["draft_budget"] = "fixed"
+    if len(rules) == 1:
+        return {**config, "algorithm": rules.pop()}
+    config["algorithm"] = "auto"
     for key, greedy in (("auto_greedy", True), ("auto_sampled", False)):
         order = _rule_order(options, drafter, greedy)
         if order:

@@ -67,6 +67,8 @@ def plot(options: list[Option], drafters: list[str], path: Path) -> Path | None:
                     ax.plot(sizes, [per[b].projected for b in sizes], marker="o", label=label)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xscale("log", base=2)
+        sizes = sorted({o.batch for o in options})
+        ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.set_xlabel("batch size")
         ax.set_ylabel("projected speedup over plain")
         ax.set_title(f"T = {t:g}")
