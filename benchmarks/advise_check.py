@@ -127,6 +127,12 @@ def verdicts(advised: dict[str, Any], measured: dict[str, dict[str, Any]]) -> tu
     return rows, rec_rows
 
 
+def slim(measured: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The sessions' results without their per-step logs (advise's own JSON keeps its)."""
+    return {label: {**m, "runs": [{k: v for k, v in r.items() if k != "steps"} for r in m["runs"]]}
+            for label, m in measured.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", nargs="+", default=list(PAIRS), choices=list(PAIRS))
@@ -158,7 +164,7 @@ def main() -> None:
                 measured[label] = run_session(label, job, log, bar)
         rows, rec_rows = verdicts(advised, measured)
         results["targets"][target] = {"rows": rows, "recommended": rec_rows,
-                                      "recommendation": advised["recommendation"], "measured": measured}
+                                      "recommendation": advised["recommendation"], "measured": slim(measured)}
         write(results)
 
 

@@ -130,6 +130,13 @@ def test_one_rule_at_one_k_everywhere_is_written_as_exactly_that() -> None:
                       "algorithm": "slem"}
 
 
+def test_a_drafter_that_never_pays_keeps_the_adaptive_budget() -> None:
+    """Its own config (for a user bound to it) must not pin a k its settings all refused."""
+    options = [_option("slem", 0.0, b, 0, 1.0) for b in (1, 8)]
+    config = config_for(options, "d", "hetero", "/m/d", best_per_setting(options, "d", "hetero"))
+    assert config == {"method": "hetero", "model": "d", "num_speculative_tokens": 1, "algorithm": "slem"}
+
+
 def test_settings_that_disagree_get_auto_and_the_adaptive_budget() -> None:
     """slem best at batch 1 with k = 3, tli at batch 8 with k = 1, tli at T = 1: auto,
     each kind's rules fastest first (geometric mean over its settings), up to k = 3."""

@@ -220,7 +220,7 @@ def config_for(options: list[Option], drafter: str, method: str, model: str,
         return {"method": "draft_model", "model": model, "num_speculative_tokens": k}
     config: dict[str, Any] = {"method": "hetero", "model": drafter, "num_speculative_tokens": k}
     rules, ks = {o.rule for o in per.values()}, {o.k for o in per.values()}
-    if len(ks) == 1:
+    if len(ks) == 1 and 0 not in ks:
         config["draft_budget"] = "fixed"
     if len(rules) == 1:
         return {**config, "algorithm": rules.pop()}

@@ -312,12 +312,15 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 bar.write(f"advise: vLLM's draft_model did not run with {job['drafter']}; left out ({log})")
                 bar.update(planned_calls(job))
-    plain, k = measured["plain"], args.k
-    for label, drafter, job in p.jobs[1:]:
-        if label in measured:
-            fn = draft_model_options if job["kind"] == "draft_model" else hetero_options
-            options += fn(drafter, measured[label], plain, k)
-    rec = recommend(options, {d.name: str(d.folder) for d in p.drafters})
+    try:
+        for label, drafter, job in p.jobs[1:]:
+            if label in measured:
+                fn = draft_model_options if job["kind"] == "draft_model" else hetero_options
+                options += fn(drafter, measured[label], measured["plain"], args.k)
+        rec = recommend(options, {d.name: str(d.folder) for d in p.drafters})
+    except AdviseError as err:
+        print(f"advise: {err} (the measurements: {p.results / 'advise.log'})", file=sys.stderr)
+        return 1
     md = table(options)
     print(md)
     print(verdict(rec))
