@@ -70,5 +70,7 @@ def test_advise_measures_projects_and_writes_a_config_vllm_accepts(smollm2: str,
     run = subprocess.run([sys.executable, "-c", code, smollm2, json.dumps(config)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    tokens, drafts = run.stdout.strip().splitlines()[-1].split()[1:]
+    result = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result, run.stdout[-3000:]
+    tokens, drafts = result[-1].split()[1:]
     assert int(tokens) == 12 and float(drafts) > 0
