@@ -7,7 +7,8 @@ cost as a fixed part plus a part per draft position; each rule's run at the long
 length gives its acceptance per position (pooled over batch sizes: acceptance is the
 pair's and the prompts', not the batch's), its own cost per position, and what the
 drafter's reading of each prompt adds. The plain engine gives the unit, its decode
-step, and the prefill's share of a run. :mod:`~vllm_hetero_spec.advise.projection` turns them into a speedup per ``k``.
+step, and the prefill's share of a run. :mod:`~vllm_hetero_spec.advise.projection`
+turns them into a speedup per ``k``.
 vLLM's ``draft_model`` drafts a fixed ``k``, so its figure is the one measured on the
 sample. Each run at the longest length is also a measurement of that setting on the
 sample; it is reported beside the projection as a check.
@@ -85,11 +86,14 @@ def _plain(plain: dict[str, Any], t: float, b: int) -> dict[str, Any]:
     raise AdviseError(f"the plain engine measured no run at T = {t}, batch {b}")
 
 
+def _groups(lengths: list[int], b: int) -> list[list[int]]:
+    return [lengths[i:i + b] for i in range(0, len(lengths), b)]
+
+
 def plain_step(run: dict[str, Any], b: int) -> float:
     """Seconds per decode step of the plain engine: its run's time past the first token,
     over its decode steps (per group of ``b`` requests, the longest output less one)."""
-    lengths = run["lengths"]
-    steps = sum(max(lengths[i:i + b]) - 1 for i in range(0, len(lengths), b))
+    steps = sum(max(g) - 1 for g in _groups(run["lengths"], b))
     return (run["wall"] - run["wall_first"]) / max(steps, 1)
 
 
@@ -115,10 +119,6 @@ def sweep_costs(hetero: dict[str, Any], b: int) -> tuple[dict[int, float], float
     slope = sum((k - mean_k) * (y - mean_y) for k, y in zip(ks, ys)) / sum((k - mean_k) ** 2 for k in ks)
     slope = max(slope, 0.0)
     return dict(sorted(target.items())), max(mean_y - slope * mean_k, 0.0), slope
-
-
-def _groups(lengths: list[int], b: int) -> list[list[int]]:
-    return [lengths[i:i + b] for i in range(0, len(lengths), b)]
 
 
 def _tail(run: dict[str, Any], acceptance: list[float], k: int, b: int) -> float:

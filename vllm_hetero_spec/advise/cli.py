@@ -257,9 +257,11 @@ def root_cause(log_text: str) -> str:
 def session_env() -> dict[str, str]:
     """The sessions' environment: the user's, with a KV cache size on a CPU (see
     :data:`CPU_KV_GIB`)."""
+    from vllm_hetero_spec.drafter.runtime.draft_dtype import platform_device_type
+
     env = dict(os.environ)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if engine_dtype("auto") != "auto":  # not CUDA
+    if platform_device_type() == "cpu":
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_GIB)
     return env
 
