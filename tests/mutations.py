@@ -427,6 +427,27 @@ MUTATIONS = [
         "    if score < 1.0:",
         ("tests/advise/test_analysis.py",),
     ),
+    Mutation(
+        "id-map-drops-drafts", "the id map throws away the KV of the drafts the target accepted",
+        "vllm_hetero_spec/vocab/id_map.py",
+        "kept = self.n_committed + (int(differ[0]) if len(differ) else m)",
+        "kept = self.n_committed",
+        ("tests/vocab/test_id_map.py", "tests/drafter/test_id_map_drafting.py"),
+    ),
+    Mutation(
+        "id-map-ignores-respelled", "the id map carries a respelled id as itself",
+        "vllm_hetero_spec/vocab/id_map.py",
+        "                out.extend(self.differing.get(t, (t,)))",
+        "                out.append(t)",
+        ("tests/vocab/test_id_map.py",),
+    ),
+    Mutation(
+        "id-map-whole-vocabularies", "any pair counts as near-same",
+        "vllm_hetero_spec/vocab/id_map.py",
+        "        if not n_text or sum(target_bytes[t] is not None for t in differ) > allowed:",
+        "        if not n_text:",
+        ("tests/vocab/test_id_map.py",),
+    ),
 ]
 
 

@@ -198,6 +198,10 @@ class HeteroSettings:
     max_draft_tokens: int = setting(
         None, "draft-model tokens generated per step before re-tokenizing", integer(1), "e.g. 4",
         default_text="k", algorithms=("slem", "dtw", "slrs", "auto"))
+    id_map: str = setting(
+        "auto", "`auto`: where the two vocabularies agree id for id (the same tokenizer, or one with a few tokens "
+        "added or respelled or its embedding padded), the drafter reads the target's token ids through an id map "
+        "instead of re-tokenizing their text each step; `off`: always re-tokenize", choice("auto", "off"), "")
     lookbehind: int = setting(
         4, "tokens re-encoded behind the newest text when re-tokenizing", integer(0), "e.g. 4")
     min_shared_tokens: int = setting(

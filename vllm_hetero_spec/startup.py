@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from transformers import AutoConfig
@@ -9,6 +10,7 @@ from transformers import AutoConfig
 from vllm_hetero_spec.config import (
     ADDITIONAL_CONFIG_KEY,
     HeteroConfigError,
+    HeteroSettings,
     is_hetero,
     parse_settings,
 )
@@ -31,6 +33,18 @@ def _check_architecture(model: str, architectures: list[str]) -> None:
             f"'model' = {model!r} has architecture {architectures or 'unknown'}, which vLLM cannot run; "
             "choose a draft model whose architecture vLLM supports (e.g. Llama, Qwen2, Gemma-3)"
         )
+
+
+def _id_mapped_candidates(settings: HeteroSettings, spec: dict[str, Any]) -> HeteroSettings:
+    """``auto``'s candidates for a pair that agrees id for id, where the config does not
+    list them: ``tli`` alone. Over one vocabulary ``tli`` drafts exactly the drafter's
+    tokens with its exact distribution as q (standard speculative decoding, as vLLM's
+    ``draft_model`` does); the string-level rules would only add re-tokenization, and
+    exploring them costs steps."""
+    if settings.algorithm != "auto":
+        return settings
+    given = {key: tuple(getattr(settings, key)) for key in ("auto_greedy", "auto_sampled") if key in spec}
+    return dataclasses.replace(settings, **{"auto_greedy": ("tli",), "auto_sampled": ("tli",), **given})
 
 
 def prepare(spec: dict[str, Any], target_model_config: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -69,9 +83,16 @@ def prepare(spec: dict[str, Any], target_model_config: Any) -> tuple[dict[str, A
         target_model_config.get_vocab_size(),
         settings.num_speculative_tokens,
     )
+    if bridge.id_map is not None and settings.id_map == "auto":
+        settings = _id_mapped_candidates(settings, spec)
+        logger.info(
+            "hetero spec: the vocabularies agree id for id (%d ids differ): the drafter reads the target's ids "
+            "through an id map, no re-tokenization ('id_map'); auto's candidates: greedy %s, sampled %s",
+            len(bridge.id_map.differing), list(settings.auto_greedy), list(settings.auto_sampled),
+        )
     if bridge.same_vocab:
         logger.info(
             "hetero spec: draft and target share one vocabulary; vLLM's own method='draft_model' would also serve "
-            "this pair"
+            "this pair (`python -m vllm_hetero_spec advise` measures both)"
         )
     return {ADDITIONAL_CONFIG_KEY: settings.to_dict()}, vllm_spec

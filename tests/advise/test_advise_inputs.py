@@ -82,6 +82,8 @@ def test_good_input_lays_out_the_engines(qwen05: str, smollm2: str, gemma: str, 
     job = p.jobs[1][2]
     assert job["batch_sizes"] == [1, 8] and job["temperatures"] == [0.0, 1.0] and job["sweep_ks"] == [0, 1, 2, 3]
     assert job["rules"] == {"0.0": ["slem", "tli"], "1.0": ["tli", "slrs"]}  # auto's defaults per kind
+    # ...and for a drafter that agrees with the target id for id, what auto takes there: tli.
+    assert p.jobs[3][2]["rules"] == {"0.0": ["tli"], "1.0": ["tli"]}
     assert len(job["prompts"]) == 2 and isinstance(job["prompts"][1], list)
     assert planned_calls(job) == 2 * 4 + 4 * 2 and planned_calls(p.jobs[0][2]) == 8
     from transformers import AutoTokenizer

@@ -1,10 +1,11 @@
 """``python -m vllm_hetero_spec advise`` as a user runs it (a fresh shell's environment,
 vLLM's default flags and process layout), on the smallest models: SmolLM2-135M as the
 target, drafting for itself -- a drafter of the target's own vocabulary, so advise
-measures it under our plugin and under vLLM's ``draft_model`` -- at T = 0 and 1, batch
-1 and 2. It must finish, report every setting with acceptance it measured, write its
-table, plot and JSON, and the config it chose (or, where plain decoding won, the
-drafter's own best config) must start an ``LLM`` that drafts."""
+measures it under our plugin (over the id map, with tli) and under vLLM's
+``draft_model`` -- at T = 0 and 1, batch 1 and 2. It must finish, report every setting
+with acceptance it measured, write its table, plot and JSON, and the config it chose
+(or, where plain decoding won, the drafter's own best config) must start an ``LLM``
+that drafts."""
 
 from __future__ import annotations
 
@@ -35,18 +36,18 @@ def test_advise_measures_projects_and_writes_a_config_vllm_accepts(smollm2: str,
     data = json.loads((results / "advise.json").read_text())
     options = data["options"]
     methods = {(o["rule"], o["temperature"], o["batch"]) for o in options}
-    assert methods == {(r, t, b) for t, rules in ((0.0, ("slem", "tli")), (1.0, ("tli", "slrs")))
-                       for r in (*rules, "draft_model") for b in (1, 2)}
+    # A drafter of the target's own vocabulary agrees with it id for id: auto drafts it
+    # with tli alone, so advise measures tli (and vLLM's draft_model) at each setting.
+    assert methods == {(r, t, b) for t in (0.0, 1.0) for r in ("tli", "draft_model") for b in (1, 2)}
     for o in options:
         assert len(o["acceptance"]) == 2 and 0 <= o["acceptance"][1] <= o["acceptance"][0] <= 1
         assert (o["projected"] >= 1.0 or o["rule"] == "draft_model") and o["sample"] > 0 and 0 <= o["k"] <= 2
-    # A model drafting for itself at T = 0 is accepted most of the time, by either path (not
-    # always: on a few dozen drafts, re-tokenized text or a near-tie can differ).
-    # So is its tli at T = 1, where q is p (requests carry no seed: a seeded one is verified by
-    # equality with its own stream and would accept far less).
-    same = [o for o in options if o["temperature"] == 0.0 or o["rule"] == "tli"]
-    assert all(o["acceptance"][0] > 0.6 for o in same), [(o["rule"], o["acceptance"]) for o in same]
-    assert (results / "advise.md").read_text().count(Path(smollm2).name + " |") == 6  # a row per rule, T and method
+    # A model drafting for itself is accepted most of the time, by either path, at T = 0 and
+    # at T = 1, where q is p (not always: on a few dozen drafts, the drafter's and the
+    # compiled target's kernels can break a near-tie apart; and requests carry no seed: a
+    # seeded one is verified by equality with its own stream and would accept far less).
+    assert all(o["acceptance"][0] > 0.6 for o in options), [(o["rule"], o["acceptance"]) for o in options]
+    assert (results / "advise.md").read_text().count(Path(smollm2).name + " |") == 4  # a row per T and method
     assert (results / "advise.png").stat().st_size > 1000
     assert "smollm2" in proc.stdout and "%|" in proc.stderr  # the table, and the progress bar
 

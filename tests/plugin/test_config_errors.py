@@ -83,6 +83,19 @@ def test_unreadable_draft_model(gemma: str, tmp_path) -> None:
         _engine_config(gemma, spec)
 
 
+def test_auto_takes_tli_alone_where_the_vocabularies_agree_id_for_id(gemma: str, smollm2: str) -> None:
+    """Over one vocabulary tli drafts the drafter's own tokens with its exact q; auto
+    keeps the string-level rules out unless the config lists them."""
+    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4}
+    def candidates(target: str, **extra) -> tuple[list[str], list[str]]:
+        settings = _engine_config(target, {**spec, **extra}).additional_config["hetero_spec"]
+        return list(settings["auto_greedy"]), list(settings["auto_sampled"])
+
+    assert candidates(smollm2) == (["tli"], ["tli"])
+    assert candidates(smollm2, auto_greedy=["slem", "tli"]) == (["slem", "tli"], ["tli"])
+    assert candidates(smollm2, id_map="off") == candidates(gemma) == (["slem", "tli"], ["tli", "slrs"])
+
+
 def test_unknown_key_rejected(gemma: str, smollm2: str) -> None:
     spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algoritm": "tli"}
     with pytest.raises(Exception, match="algoritm"):

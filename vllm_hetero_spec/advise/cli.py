@@ -116,15 +116,17 @@ def check_fits(target: Model, drafters: list[Model], dtype: str, available: tupl
                          f"{free / gib:.1f} GiB is {where}; pick a smaller target or --dtype, or free memory")
 
 
-def same_vocabulary(a: Path, b: Path) -> bool:
-    """Whether two models share one vocabulary (ids and strings), as vLLM's
-    ``draft_model`` requires."""
-    from transformers import AutoConfig, AutoTokenizer
+def vocabulary_relation(target: Path, drafter: Path) -> tuple[bool, bool]:
+    """(whether the pair shares one vocabulary, ids and strings and embedding size, as
+    vLLM's ``draft_model`` requires; whether it agrees id for id, so our plugin bridges
+    it with an id map: the same vocabulary, or a near-same one)."""
+    from transformers import AutoConfig
 
-    if AutoConfig.from_pretrained(a).get_text_config().vocab_size != \
-            AutoConfig.from_pretrained(b).get_text_config().vocab_size:
-        return False
-    return AutoTokenizer.from_pretrained(a).get_vocab() == AutoTokenizer.from_pretrained(b).get_vocab()
+    from vllm_hetero_spec.vocab.bridge import VocabBridge
+
+    sizes = [AutoConfig.from_pretrained(m).get_text_config().vocab_size for m in (drafter, target)]
+    bridge = VocabBridge.build(str(drafter), str(target), *sizes)
+    return bridge.same_vocab and sizes[0] == sizes[1], bridge.id_map is not None
 
 
 def _ints(flag: str, text: str, minimum: int) -> list[int]:
@@ -147,9 +149,11 @@ def _floats(flag: str, text: str) -> list[float]:
     return values
 
 
-def rules_per_temperature(text: str | None, temperatures: list[float]) -> dict[str, list[str]]:
-    """The rules measured at each temperature: ``--rules``, else ``auto``'s default
-    candidates for its kind of request."""
+def rules_per_temperature(text: str | None, temperatures: list[float], id_mapped: bool = False
+                          ) -> dict[str, list[str]]:
+    """The rules measured at each temperature: ``--rules``, else the candidates ``auto``
+    takes for its kind of request (for a pair that agrees id for id, ``tli`` alone:
+    ``startup.py``)."""
     if text:
         rules = list(dict.fromkeys(r.strip() for r in text.split(",") if r.strip()))
         bad = [r for r in rules if r not in LOSSLESS_RULES]
@@ -157,6 +161,8 @@ def rules_per_temperature(text: str | None, temperatures: list[float]) -> dict[s
             raise InputError(f"--rules {text!r}: {', '.join(bad) or 'empty'}; choose among the lossless rules "
                              f"{', '.join(LOSSLESS_RULES)}")
         return {str(t): rules for t in temperatures}
+    if id_mapped:
+        return {str(t): ["tli"] for t in temperatures}
     defaults = HeteroSettings.__dataclass_fields__
     greedy, sampled = defaults["auto_greedy"].default, defaults["auto_sampled"].default
     return {str(t): list(greedy if t == 0 else sampled) for t in temperatures}
@@ -224,7 +230,7 @@ def plan(args: argparse.Namespace, available: tuple[int, str] | None = None) -> 
             raise InputError(f"{flag} {value}: must be at least {low}")
     sizes = _ints("--batch-sizes", args.batch_sizes, 1)
     temps = _floats("--temperatures", args.temperatures)
-    rules = rules_per_temperature(args.rules, temps)
+    rules_per_temperature(args.rules, temps)  # a bad --rules fails before any model is read
     try:
         prompts = load_prompts(args.prompts, args.num_prompts)
     except PromptError as err:
@@ -233,13 +239,15 @@ def plan(args: argparse.Namespace, available: tuple[int, str] | None = None) -> 
     check_fits(target, drafters, dtype, available or available_memory())
     base = {"target": str(target.folder), "dtype": dtype, "max_model_len": args.max_model_len, "seed": args.seed,
             "prompts": prompts, "batch_sizes": sizes, "temperatures": temps, "max_tokens": args.max_tokens,
-            "k": args.k, "rules": rules, "sweep_tokens": args.sweep_tokens,
+            "k": args.k, "sweep_tokens": args.sweep_tokens,
             "sweep_ks": sorted({0, 1, 2, 4, args.k} & set(range(args.k + 1)))}
     jobs: list[tuple[str, str | None, dict[str, Any]]] = [("plain", None, {**base, "kind": "plain", "drafter": None})]
     for d in drafters:
         named = d.name if set_up_model(d.name) else str(d.folder)
-        jobs.append((d.name, d.name, {**base, "kind": "hetero", "drafter": named}))
-        if not args.no_draft_model and same_vocabulary(target.folder, d.folder):
+        same, id_mapped = vocabulary_relation(target.folder, d.folder)
+        jobs.append((d.name, d.name, {**base, "kind": "hetero", "drafter": named,
+                                      "rules": rules_per_temperature(args.rules, temps, id_mapped)}))
+        if not args.no_draft_model and same:
             jobs.append((f"{d.name} (vLLM draft_model)", d.name, {**base, "kind": "draft_model", "drafter": str(d.folder)}))
     return Plan(target, drafters, jobs, Path(args.results_dir))
 

@@ -41,6 +41,7 @@ from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows
 from vllm_hetero_spec.drafter.strategies.base import Strategy
 from vllm_hetero_spec.drafter.strategies.registry import make_strategies
 from vllm_hetero_spec.vocab.bridge import VocabBridge
+from vllm_hetero_spec.vocab.id_map import MappedTokens
 from vllm_hetero_spec.vocab.retokenize import AlignedTokens, sync_batch
 
 _TARGET_TAIL = 4  # committed target tokens re-encoded with the draft text (slem)
@@ -70,6 +71,8 @@ class DraftEngine:
         self.runtime = DraftModelRuntime(runtime or resolve_runtime_config(settings)[0])
         self.bridge = VocabBridge.build(settings.draft_tokenizer, target_tokenizer, self.runtime.vocab_size, target_vocab)
         self.intersection = self.bridge.intersection.to(self.runtime.device)
+        # Vocabularies that agree id for id: the drafter reads the target's ids as they are.
+        self.id_map = self.bridge.id_map if settings.id_map == "auto" else None
         self.target_vocab = target_vocab
         self.states: dict[str, RequestState] = {}
         # The unseeded requests' draft stream, drawn for all of them in one launch. Never
@@ -230,7 +233,11 @@ class DraftEngine:
         return self.ctx.next_logits([self.states[r] for r in req_ids])
 
     def _new_state(self, req_id: str, params: RequestParams, n_target: int) -> RequestState:
-        draft = AlignedTokens(self.bridge.draft_encoder, self.bridge.draft_prefix_ids, self.settings.lookbehind)
+        draft: AlignedTokens | MappedTokens
+        if self.id_map is not None:
+            draft = MappedTokens(self.id_map)
+        else:
+            draft = AlignedTokens(self.bridge.draft_encoder, self.bridge.draft_prefix_ids, self.settings.lookbehind)
         gen = None
         if params.seed is not None:
             gen = new_generator(self.runtime.device, self._stream_seed(params, n_target))
@@ -247,23 +254,28 @@ class DraftEngine:
 
     def sync(self, req_ids: list[str], tokens: list[np.ndarray], params: list[RequestParams]) -> list[bool]:
         """Append newly committed target tokens as text and realign every request's
-        draft tokens (one batched re-tokenization). Per request, returns False when
+        draft tokens (one batched re-tokenization; through the id map instead where the
+        vocabularies agree id for id). Per request, returns False when
         there is nothing to draft from yet (e.g. the text so far is one incomplete
         UTF-8 character and the drafter adds no prefix token)."""
-        states = []
+        states, news = [], []
         for req_id, toks, p in zip(req_ids, tokens, params):
             state = self.states.get(req_id)
             if state is None or state.n_target > len(toks):
                 self.drop(req_id)
                 state = self.states[req_id] = self._new_state(req_id, p, len(toks))
-            new = toks[state.n_target :].tolist()
-            state.text += b"".join(self.bridge.target_encoder.bytes_of(t) for t in new)
+            new = toks[state.n_target :]
+            state.text += b"".join(self.bridge.target_encoder.bytes_of(t) for t in new.tolist())
             state.n_target = len(toks)
-            state.target_tail = (state.target_tail + new)[-_TARGET_TAIL:]
+            state.target_tail = (state.target_tail + new.tolist())[-_TARGET_TAIL:]
             states.append(state)
-        before = sum(s.draft.mismatches for s in states)
-        kept = sync_batch([s.draft for s in states], [s.text for s in states])
-        self.stats.realign_mismatches += sum(s.draft.mismatches for s in states) - before
+            news.append(new)
+        if self.id_map is not None:
+            kept = [s.draft.commit(new) for s, new in zip(states, news)]
+        else:
+            before = sum(s.draft.mismatches for s in states)
+            kept = sync_batch([s.draft for s in states], [s.text for s in states])
+            self.stats.realign_mismatches += sum(s.draft.mismatches for s in states) - before
         ready = []
         for state, n_kept in zip(states, kept):
             state.cache.truncate(n_kept)

@@ -8,6 +8,7 @@ import torch
 
 from vllm_hetero_spec.drafter.messages import RequestParams
 from vllm_hetero_spec.drafter.runtime.paged_kv import PagedCache
+from vllm_hetero_spec.vocab.id_map import MappedTokens
 from vllm_hetero_spec.vocab.retokenize import AlignedTokens
 
 
@@ -15,12 +16,13 @@ from vllm_hetero_spec.vocab.retokenize import AlignedTokens
 class RequestState:
     """One request's draft side: its committed text, the last committed target tokens
     (re-encoded with draft text by the string-level strategies), its draft-side
-    tokenization, its KV cache, and its own random stream when it is seeded."""
+    tokenization (the target's ids mapped, for a pair that agrees id for id), its KV
+    cache, and its own random stream when it is seeded."""
 
     text: bytearray
     n_target: int
     target_tail: list[int]
-    draft: AlignedTokens
+    draft: AlignedTokens | MappedTokens
     cache: PagedCache
     generator: torch.Generator | None
     params: RequestParams

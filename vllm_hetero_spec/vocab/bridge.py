@@ -7,6 +7,7 @@ from functools import lru_cache
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from vllm_hetero_spec.vocab.id_map import IdMap
 from vllm_hetero_spec.vocab.intersection import VocabIntersection
 from vllm_hetero_spec.vocab.retokenize import TokenEncoder
 from vllm_hetero_spec.vocab.token_bytes import token_bytes_table
@@ -34,6 +35,8 @@ class VocabBridge:
 
     ``*_bytes`` are the text of each id, ``None`` for control tokens; the encoders'
     tables instead spell control tokens literally (see :func:`text_encoder`).
+    ``id_map``: where the vocabularies agree id for id (the same, or near-same), the
+    map that carries the target's ids to the drafter without re-tokenization.
     """
 
     draft_tokenizer: PreTrainedTokenizerBase
@@ -44,6 +47,7 @@ class VocabBridge:
     same_vocab: bool
     draft_bytes: list[bytes | None]
     target_bytes: list[bytes | None]
+    id_map: IdMap | None
 
     @classmethod
     def build(cls, draft_tokenizer: str, target_tokenizer: str, draft_vocab: int, target_vocab: int) -> "VocabBridge":
@@ -65,16 +69,9 @@ class VocabBridge:
         t_bytes = token_bytes_table(t_tok, target_vocab)
         inter = VocabIntersection.build(d_bytes, t_bytes)
         same = d_tok.get_vocab() == t_tok.get_vocab()
-        return cls(
-            d_tok,
-            t_tok,
-            inter,
-            text_encoder(d_tok, d_bytes),
-            text_encoder(t_tok, t_bytes),
-            same,
-            d_bytes,
-            t_bytes,
-        )
+        d_enc, t_enc = text_encoder(d_tok, d_bytes), text_encoder(t_tok, t_bytes)
+        id_map = IdMap.detect(d_enc.token_bytes, t_enc.token_bytes, d_enc.encode)
+        return cls(d_tok, t_tok, inter, d_enc, t_enc, same, d_bytes, t_bytes, id_map)
 
     @property
     def draft_prefix_ids(self) -> list[int]:

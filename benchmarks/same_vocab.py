@@ -1,0 +1,138 @@
+"""A drafter of the target's own vocabulary: our plugin against vLLM's ``draft_model``.
+
+Qwen2.5-Coder-0.5B drafting for Qwen2.5-Coder-1.5B (one vocabulary, so our bridge is an
+id map and ``auto`` drafts with ``tli`` alone), held-out Spec-Bench prompts (never in
+``advise``'s sample), batch 1, T = 0, 48 tokens each. Per round, one engine per
+configuration in turn (each in a process of its own, one alive at a time: a float32
+1.5B engine takes about half of a 24 GiB machine), so the rounds interleave:
+
+- plain decoding;
+- vLLM's ``draft_model`` at k = 4;
+- ours as shipped (``auto``, the adaptive budget) at k <= 4;
+- ours at a fixed k = 4 with ``tli``, over the id map and (``id_map: off``) over
+  re-tokenized text, and with a float16 drafter (a knob ``draft_model`` lacks: its
+  drafter runs in the target's dtype).
+
+Each configuration's tokens per second over the same round's plain decoding; the ratio
+to ``draft_model`` in the same round; and the draft lengths each drafted (vLLM's
+counters: drafts, draft tokens, acceptance per position).
+
+    .venv/bin/python benchmarks/same_vocab.py [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from report import meta, ratio_cell, table, write_report
+
+from hetero_harness.prompts import held_out_questions
+
+TARGET, DRAFTER = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+SAMPLE_POOL = 40  # advise's sample is drawn from the first 40 Spec-Bench prompts
+K = 4
+CONFIGS: dict[str, dict[str, Any] | None] = {
+    "plain": None,
+    "vLLM draft_model": {"method": "draft_model", "num_speculative_tokens": K},
+    "ours, as shipped (auto)": {"method": "hetero", "num_speculative_tokens": K},
+    "ours, tli, fixed k": {"method": "hetero", "num_speculative_tokens": K, "algorithm": "tli",
+                           "draft_budget": "fixed"},
+    "ours, tli, fixed k, re-tokenized": {"method": "hetero", "num_speculative_tokens": K, "algorithm": "tli",
+                                         "draft_budget": "fixed", "id_map": "off"},
+    "ours, tli, fixed k, float16 drafter": {"method": "hetero", "num_speculative_tokens": K, "algorithm": "tli",
+                                            "draft_budget": "fixed", "draft_dtype": "float16"},
+}
+
+
+def jobs(args: argparse.Namespace) -> list[tuple[str, int, dict[str, Any]]]:
+    """(configuration, round, session job) in the order they run."""
+    from vllm_hetero_spec.advise.cli import engine_dtype, resolve_model
+
+    prompts = [[{"role": "user", "content": q}] for q in held_out_questions(args.prompts, SAMPLE_POOL)]
+    drafter = str(resolve_model("--drafters", DRAFTER).folder)
+    base = {"target": str(resolve_model("--target", TARGET).folder), "dtype": engine_dtype("auto"),
+            "max_model_len": 2048, "seed": 0, "prompts": prompts, "max_tokens": args.max_tokens, "k": K,
+            "batch_sizes": [1], "temperatures": [0.0]}
+    out = []
+    for r in range(args.rounds):
+        for label, config in CONFIGS.items():
+            pins = [{"T": 0.0, "b": 1, "round": r}]
+            if config is None:
+                job = {**base, "kind": "plain", "first_token": False, "pins": pins}
+            else:
+                job = {**base, "kind": "config", "config": {**config, "model": drafter}, "pins": pins}
+            out.append((label, r, job))
+    return out
+
+
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per configuration: its speedup over plain and its ratio to draft_model
+    per round, and its draft lengths."""
+    tps = {(r["config"], r["round"]): r["tokens"] / r["wall"] for r in runs}
+    rounds = sorted({r["round"] for r in runs})
+    rows = []
+    for label in CONFIGS:
+        mine = [r for r in runs if r["config"] == label]
+        over_plain = [tps[(label, n)] / tps[("plain", n)] for n in rounds]
+        over_dm = [tps[(label, n)] / tps[("vLLM draft_model", n)] for n in rounds]
+        counters = [r["counters"] for r in mine if r.get("counters")]
+        drafts = sum(c["num_drafts"] for c in counters)
+        draft_tokens = sum(c["num_draft_tokens"] for c in counters)
+        rows.append({
+            "config": label, "tok_s": [tps[(label, n)] for n in rounds], "over_plain": over_plain,
+            "over_draft_model": over_dm, "drafts": drafts, "draft_tokens": draft_tokens,
+            "mean_draft_length": draft_tokens / drafts if drafts else None,
+            "acceptance_per_position": [statistics.mean(c["acceptance_per_position"][j] for c in counters)
+                                        for j in range(K)] if counters else None,
+            "mean_acceptance_length": (statistics.mean(c["mean_acceptance_length"] for c in counters)
+                                       if counters else None),
+        })
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    args = ap.parse_args()
+    from tqdm import tqdm
+
+    from vllm_hetero_spec.advise.cli import run_session
+
+    planned = jobs(args)
+    log = Path(tempfile.gettempdir()) / "same_vocab.log"  # the engines' own output
+    log.write_text("")
+    runs = []
+    with tqdm(total=len(planned), unit="engine") as bar:
+        for label, r, job in planned:
+            got = run_session(f"{label} [{r}]", job, log, bar)["runs"][0]
+            runs.append({"config": label, "round": r, "wall": got["wall"], "tokens": sum(got["lengths"]),
+                         "counters": got.get("counters")})
+    rows = summarize(runs)
+    md = [f"{DRAFTER} drafting for {TARGET} (one vocabulary), {args.prompts} held-out Spec-Bench prompts, batch 1, "
+          f"T = 0, {args.max_tokens} tokens each, float32 on this machine; {args.rounds} rounds, each running every "
+          "configuration once in turn (an engine per configuration and round). Speedup: tokens per second over the "
+          "same round's plain decoding; vs draft_model: over the same round's vLLM draft_model; median "
+          "[min-max] over rounds. Draft length: draft tokens per drafted step (vLLM's counters). "
+          "`benchmarks/same_vocab.py`.", "",
+          *table(["configuration", "speedup", "vs draft_model", "per round vs draft_model", "drafted steps",
+                  "mean draft length", "acceptance per position"],
+                 [[row["config"],
+                   ratio_cell(statistics.median(row["over_plain"]), min(row["over_plain"]), max(row["over_plain"])),
+                   ratio_cell(statistics.median(row["over_draft_model"]), min(row["over_draft_model"]),
+                              max(row["over_draft_model"])),
+                   " / ".join(f"{x:.3f}" for x in row["over_draft_model"]),
+                   f"{row['drafts']:.0f}" if row["drafts"] else "-",
+                   f"{row['mean_draft_length']:.2f}" if row["mean_draft_length"] else "-",
+                   " ".join(f"{a:.2f}" for a in row["acceptance_per_position"] or []) or "-"]
+                  for row in rows])]
+    write_report("same_vocab", {"meta": meta(args), "rows": rows, "runs": runs}, md)
+
+
+if __name__ == "__main__":
+    main()
