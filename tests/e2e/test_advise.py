@@ -42,11 +42,14 @@ def test_advise_measures_projects_and_writes_a_config_vllm_accepts(smollm2: str,
     for o in options:
         assert len(o["acceptance"]) == 2 and 0 <= o["acceptance"][1] <= o["acceptance"][0] <= 1
         assert (o["projected"] >= 1.0 or o["rule"] == "draft_model") and o["sample"] > 0 and 0 <= o["k"] <= 2
-    # A model drafting for itself is accepted most of the time, by either path, at T = 0 and
-    # at T = 1, where q is p (not always: on a few dozen drafts, the drafter's and the
-    # compiled target's kernels can break a near-tie apart; and requests carry no seed: a
-    # seeded one is verified by equality with its own stream and would accept far less).
-    assert all(o["acceptance"][0] > 0.6 for o in options), [(o["rule"], o["acceptance"]) for o in options]
+    # A model drafting for itself is accepted most of the time, by either path, at T = 0
+    # (not always: on a few dozen drafts, the drafter's and the compiled target's kernels can
+    # break a near-tie apart). So is our tli at T = 1, where q is p (requests carry no seed: a
+    # seeded one is verified by equality with its own stream and would accept far less);
+    # vLLM's draft_model accepts less there: by default it drafts the argmax at every
+    # temperature (draft_sample_method "greedy"), accepted with the target's p of it.
+    same = [o for o in options if o["temperature"] == 0.0 or o["rule"] == "tli"]
+    assert all(o["acceptance"][0] > 0.6 for o in same), [(o["rule"], o["acceptance"]) for o in same]
     assert (results / "advise.md").read_text().count(Path(smollm2).name + " |") == 4  # a row per T and method
     assert (results / "advise.png").stat().st_size > 1000
     assert "smollm2" in proc.stdout and "%|" in proc.stderr  # the table, and the progress bar
