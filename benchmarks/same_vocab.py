@@ -17,7 +17,7 @@ Each configuration's tokens per second over the same round's plain decoding; the
 to ``draft_model`` in the same round; and the draft lengths each drafted (vLLM's
 counters: drafts, draft tokens, acceptance per position).
 
-    .venv/bin/python benchmarks/same_vocab.py [--rounds 2]
+    .venv/bin/python benchmarks/same_vocab.py [--rounds 2] [--configs "ours, as shipped (auto)"]
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ def jobs(args: argparse.Namespace) -> list[tuple[str, int, dict[str, Any]]]:
     base = {"target": str(resolve_model("--target", TARGET).folder), "dtype": engine_dtype("auto"),
             "max_model_len": 2048, "seed": 0, "prompts": prompts, "max_tokens": args.max_tokens, "k": K,
             "batch_sizes": [1], "temperatures": [0.0]}
+    chosen = {label: CONFIGS[label] for label in CONFIGS if label in {"plain", "vLLM draft_model", *args.configs}}
     out = []
     for r in range(args.rounds):
-        for label, config in CONFIGS.items():
+        for label, config in chosen.items():
             pins = [{"T": 0.0, "b": 1, "round": r}]
             if config is None:
                 job = {**base, "kind": "plain", "first_token": False, "pins": pins}
@@ -75,7 +76,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     tps = {(r["config"], r["round"]): r["tokens"] / r["wall"] for r in runs}
     rounds = sorted({r["round"] for r in runs})
     rows = []
-    for label in CONFIGS:
+    for label in dict.fromkeys(r["config"] for r in runs):
         mine = [r for r in runs if r["config"] == label]
         over_plain = [tps[(label, n)] / tps[("plain", n)] for n in rounds]
         over_dm = [tps[(label, n)] / tps[("vLLM draft_model", n)] for n in rounds]
@@ -99,6 +100,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
+                    help="our configurations to run (plain and draft_model always run)")
     args = ap.parse_args()
     from tqdm import tqdm
 
