@@ -265,9 +265,10 @@ class DraftEngine:
                 self.drop(req_id)
                 state = self.states[req_id] = self._new_state(req_id, p, len(toks))
             new = toks[state.n_target :]
-            state.text += b"".join(self.bridge.target_encoder.bytes_of(t) for t in new.tolist())
+            new_ids = new.tolist()
+            state.text += b"".join(self.bridge.target_encoder.bytes_of(t) for t in new_ids)
             state.n_target = len(toks)
-            state.target_tail = (state.target_tail + new.tolist())[-_TARGET_TAIL:]
+            state.target_tail = (state.target_tail + new_ids)[-_TARGET_TAIL:]
             states.append(state)
             news.append(new)
         if self.id_map is not None:
