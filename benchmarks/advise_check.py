@@ -2,8 +2,9 @@
 
 For each target: ``python -m vllm_hetero_spec advise`` on a sample of Spec-Bench (its
 table, plot, JSON and config kept in ``results/advise_<target>/``), then a measurement
-on held-out Spec-Bench prompts (never in advise's sample), at the same batch sizes and
-temperatures:
+on held-out Spec-Bench prompts (never in advise's sample, and of the same mix: both are
+whole rounds of one question per category, the held-out ones from later rounds), at the
+same batch sizes and temperatures:
 
 - each projected option as advise configured it: ours pinned to its rule and best k
   (one engine per drafter), vLLM's ``draft_model`` with its config;
@@ -35,7 +36,7 @@ from typing import Any
 
 from report import meta, ratio_cell, results_dir, table, write_report
 
-from hetero_harness.prompts import held_out_questions
+from vllm_hetero_spec.advise.prompts import categories, spec_bench_questions
 
 #: Every pair the shipped models make: target -> drafters.
 PAIRS = {
@@ -45,9 +46,6 @@ PAIRS = {
 }
 TOLERANCE = 0.15
 RECOMMENDED_WITHIN = 0.05
-#: Spec-Bench prompts (round-robin order) that advise's sample may draw from; the held-out
-#: prompts come after them.
-SAMPLE_POOL = 40
 
 
 def run_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
@@ -136,8 +134,8 @@ def slim(measured: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", nargs="+", default=list(PAIRS), choices=list(PAIRS))
-    ap.add_argument("--num-prompts", type=int, default=8, help="advise's sample")
-    ap.add_argument("--held-out", type=int, default=8, help="prompts of the check")
+    ap.add_argument("--num-prompts", type=int, default=13, help="advise's sample (13: a round of Spec-Bench)")
+    ap.add_argument("--held-out", type=int, default=13, help="prompts of the check, from the rounds after the sample's")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--temperatures", default="0,1")
@@ -149,7 +147,8 @@ def main() -> None:
     from vllm_hetero_spec.advise.cli import run_session
     from vllm_hetero_spec.advise.session import planned_calls
 
-    prompts = [[{"role": "user", "content": q}] for q in held_out_questions(args.held_out, SAMPLE_POOL)]
+    first_round = -(-args.num_prompts // categories())
+    prompts = [[{"role": "user", "content": q}] for q in spec_bench_questions(args.held_out, first_round=first_round)]
     results: dict[str, Any] = {"meta": meta(args), "targets": {}}
     for target in args.targets:
         folder = results_dir() / f"advise_{target}"

@@ -11,7 +11,7 @@ import pytest
 
 from vllm_hetero_spec.__main__ import main as entry
 from vllm_hetero_spec.advise.cli import InputError, Model, check_fits, main, parameters, parser, plan
-from vllm_hetero_spec.advise.prompts import load_prompts, render
+from vllm_hetero_spec.advise.prompts import SPEC_BENCH, categories, load_prompts, render, spec_bench_questions
 from vllm_hetero_spec.advise.session import planned_calls
 
 GIB = 1 << 30
@@ -95,3 +95,16 @@ def test_good_input_lays_out_the_engines(qwen05: str, smollm2: str, gemma: str, 
 def test_the_built_in_prompt_set_mixes_categories() -> None:
     prompts = load_prompts("spec-bench", 10)
     assert len(prompts) == 10 and len({p[0]["content"] for p in prompts}) == 10
+
+
+def test_a_default_sample_and_a_later_round_hold_the_same_mix_and_no_prompt_in_common() -> None:
+    category = {}
+    with open(SPEC_BENCH) as f:
+        for line in f:
+            row = json.loads(line)
+            category[row["turns"][0]] = row["category"]
+    sample = [p[0]["content"] for p in load_prompts("spec-bench", parser().parse_args(
+        ["--target", "t", "--drafters", "d"]).num_prompts)]
+    held_out = spec_bench_questions(len(sample), first_round=1)
+    assert len(sample) == categories() == 13 and not set(sample) & set(held_out)
+    assert sorted(category[q] for q in sample) == sorted(category[q] for q in held_out) == sorted(set(category.values()))

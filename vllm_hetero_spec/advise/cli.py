@@ -189,7 +189,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--drafters", required=True, help="candidate drafters, comma-separated (folders or short names)")
     ap.add_argument("--prompts", default="spec-bench",
                     help=f"a jsonl file of {{\"prompt\": ...}} or {{\"messages\": [...]}} rows, or {', '.join(BUILT_IN)}")
-    ap.add_argument("--num-prompts", type=int, default=8, help="prompts sampled from --prompts (default 8)")
+    ap.add_argument("--num-prompts", type=int, default=13,
+                    help="prompts taken from --prompts (default 13: a built-in set gives one per category)")
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens generated per prompt (default 48)")
     ap.add_argument("--batch-sizes", default="1,8", help="batch sizes to project for (default 1,8)")
     ap.add_argument("--temperatures", default="0,1", help="temperatures to project for (default 0,1)")

@@ -22,16 +22,20 @@ class PromptError(ValueError):
     """A prompt file ``advise`` cannot use, with what to fix."""
 
 
-def spec_bench_questions(n: int, per_category: int = 1, path: Path = SPEC_BENCH) -> list[str]:
+def spec_bench_questions(n: int, per_category: int = 1, path: Path = SPEC_BENCH, first_round: int = 0) -> list[str]:
     """First turns of Spec-Bench, round-robin over categories so a small ``n`` still
-    mixes translation, summarization, QA, math, RAG, coding and writing."""
+    mixes translation, summarization, QA, math, RAG, coding and writing: round ``r`` takes
+    each category's ``r``-th question (``per_category`` of them), starting at
+    ``first_round``. Acceptance differs several-fold between categories, so a sample of
+    whole rounds (13 prompts each) and a held-out set drawn from later rounds hold the
+    same mix, and what one measures carries over to the other."""
     by_cat: dict[str, list[str]] = {}
     with open(path) as f:
         for line in f:
             row = json.loads(line)
             by_cat.setdefault(row["category"], []).append(row["turns"][0])
     out: list[str] = []
-    i = 0
+    i = first_round
     while len(out) < n:
         added = False
         for qs in by_cat.values():
@@ -43,6 +47,12 @@ def spec_bench_questions(n: int, per_category: int = 1, path: Path = SPEC_BENCH)
             break
         i += 1
     return out
+
+
+def categories(path: Path = SPEC_BENCH) -> int:
+    """How many categories a round of :func:`spec_bench_questions` spans."""
+    with open(path) as f:
+        return len({json.loads(line)["category"] for line in f})
 
 
 def _row(line_no: int, row: Any) -> str | list[dict[str, str]]:
