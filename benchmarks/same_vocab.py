@@ -8,7 +8,8 @@ configuration in turn (each in a process of its own, one alive at a time: a floa
 
 - plain decoding;
 - vLLM's ``draft_model`` at k = 4;
-- ours as shipped (``auto``, the adaptive budget) at k <= 4;
+- ours as shipped (``auto``, the adaptive budget) at k <= 4, and the same with the
+  drafter's output layer over its 65536 most frequent tokens (``draft_head_tokens``);
 - ours at a fixed k = 4 with ``tli``, over the id map and (``id_map: off``) over
   re-tokenized text, and with a float16 drafter (a knob ``draft_model`` lacks: its
   drafter runs in the target's dtype).
@@ -39,6 +40,8 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
     "plain": None,
     "vLLM draft_model": {"method": "draft_model", "num_speculative_tokens": K},
     "ours, as shipped (auto)": {"method": "hetero", "num_speculative_tokens": K},
+    "ours, auto, 65536-token output layer": {"method": "hetero", "num_speculative_tokens": K,
+                                             "draft_head_tokens": 65536},
     "ours, tli, fixed k": {"method": "hetero", "num_speculative_tokens": K, "algorithm": "tli",
                            "draft_budget": "fixed"},
     "ours, tli, fixed k, re-tokenized": {"method": "hetero", "num_speculative_tokens": K, "algorithm": "tli",

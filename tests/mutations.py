@@ -448,6 +448,27 @@ MUTATIONS = [
         "        if not n_text:",
         ("tests/vocab/test_id_map.py",),
     ),
+    Mutation(
+        "head-drops-added-tokens", "a subset output layer leaves out the added tokens (end of turn among them)",
+        "vllm_hetero_spec/vocab/frequent_tokens.py",
+        "np.union1d(np.arange(min(n, vocab_size)), np.asarray(added, dtype=np.int64))",
+        "np.arange(min(n, vocab_size))",
+        ("tests/vocab/test_frequent_tokens.py",),
+    ),
+    Mutation(
+        "head-zero-elsewhere", "a subset output layer gives the tokens it leaves out logit 0, not -inf",
+        "vllm_hetero_spec/drafter/runtime/draft_head.py",
+        'logits = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32,',
+        'logits = torch.full((hidden.shape[0], self.vocab_size), 0.0, dtype=torch.float32,',
+        ("tests/drafter/test_drafter_runtime.py", "-k", "subset_head"),
+    ),
+    Mutation(
+        "head-any-order", "any tokenizer counts as ranked by id",
+        "vllm_hetero_spec/vocab/frequent_tokens.py",
+        "    return min(ids) >= 0 and all(b > a for a, b in zip(ids, ids[1:]))",
+        "    return min(ids) >= 0",
+        ("tests/vocab/test_frequent_tokens.py",),
+    ),
 ]
 
 

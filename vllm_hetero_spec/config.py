@@ -176,6 +176,14 @@ class HeteroSettings:
         "on CUDA, `bfloat16` on a CPU with native bf16 (`avx512_bf16` or `amx_bf16`: faster per draft "
         "token there), else `float32`; the choice is logged at start-up",
         choice("auto", "float32", "bfloat16", "float16"), "")
+    draft_head_tokens: int = setting(
+        0, "the drafter's output layer over its N most frequent tokens only (FR-Spec): its logits elsewhere are "
+        "-inf, so it never proposes those tokens, and its q is the distribution it samples from, so every rule "
+        "stays as lossless as it is. Frequency is read from the tokenizer: byte-level BPE ids follow their merges, "
+        "so the N lowest ids (and every added token) are kept; a tokenizer whose ids do not (Gemma-3's) is "
+        "refused at start-up. `0`: the whole vocabulary. Off by default: on this project's CPU it did not pay "
+        "([algorithms.md](algorithms.md#a-smaller-output-layer-draft_head_tokens))", integer(0),
+        "e.g. 65536, or 0 for the whole vocabulary")
     draft_kv_pool_mb: int | str = setting(
         "auto", "the drafter's paged KV pool (MiB), allocated once on the target's device; a request that finds "
         "it full runs undrafted that step (`hetero:pool_full_requests_total`), never an error; `auto`: room for "

@@ -12,6 +12,8 @@ engine steps (new requests with their prompts, then one committed token each).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import weakref
 
 import numpy as np
@@ -27,6 +29,7 @@ from vllm_hetero_spec.drafter import engine as engine_module
 from vllm_hetero_spec.drafter.runtime import input_staging
 from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
 from vllm_hetero_spec.drafter.runtime.cuda_graphs import DraftGraphs
+from vllm_hetero_spec.drafter.runtime.draft_head import DraftHead
 from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool
 from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime, RuntimeConfig
 from vllm_hetero_spec.vocab.bridge import VocabBridge
@@ -38,6 +41,7 @@ CASES = {  # name: (algorithm, extra settings)
     "tli": ("tli", {}), "fsd": ("fsd", {}), "union": ("union", {}), "slem": ("slem", {}),
     "dtw": ("dtw", {}), "dtw-faithful": ("dtw", {"dtw_verify": "faithful"}), "slrs": ("slrs", {}),
     "tli-stop-prob": ("tli", {"draft_stop_prob": 0.2}),
+    "tli-head": ("tli", {"draft_head_tokens": 1000}),  # the output layer over 1000 tokens
 }
 
 
@@ -62,6 +66,8 @@ class _TinyModel(torch.nn.Module):
         super().__init__()
         self.emb = torch.empty(DRAFT_V, hidden, device=CUDA)
         self.head = torch.empty(hidden, DRAFT_V, device=CUDA)
+        self.lm_head = SimpleNamespace(weight=self.head.t())  # what DraftHead takes its rows from
+        self.logits_processor = SimpleNamespace(soft_cap=None, scale=1.0)
         self.calls: list[tuple[torch.Tensor, torch.Tensor, object]] = []
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -90,6 +96,7 @@ def _runtime(graph_sizes: list[int] | None = None) -> DraftModelRuntime:
     rt.pool = BlockPool(4096, 16, 0)
     rt.pool.copy_blocks = rt._copy_blocks
     rt.staging = input_staging.InputStaging(CUDA)
+    rt.head = None
     return rt
 
 
@@ -134,9 +141,13 @@ def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra, graph_siz
                               num_speculative_tokens=K, max_draft_tokens=K, draft_budget="fixed", **extra)
     prompt = AutoTokenizer.from_pretrained(qwen05).encode("def fibonacci(n):\n    return")
     traffic, forwards = [], []
+    forwards_by_head = []
     values = _host_values(bridge)
     with FakeTensorMode(allow_non_fake_inputs=True), DeviceTraffic(values) as probe:
         rt.model = _TinyModel()
+        if settings.draft_head_tokens:
+            rt.head = DraftHead(rt.model, torch.arange(settings.draft_head_tokens, device=CUDA), DRAFT_V)
+            rt.head.register_forward_hook(lambda module, args, out: forwards_by_head.append(out.shape))
         rt.graphs = DraftGraphs(rt.vllm_config, CUDA)
         engine = engine_module.DraftEngine(settings, qwen05, TARGET_V)
         probe.reset()
@@ -151,6 +162,8 @@ def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra, graph_siz
         if after is not None:
             after(engine)
             traffic.append(probe.reset())
+    # With a subset head, it made every forward's logits, at the vocabulary's full width.
+    assert rt.head is None or forwards_by_head and {shape[1] for shape in forwards_by_head} == {DRAFT_V}
     return traffic, forwards, engine
 
 
@@ -309,6 +322,9 @@ def test_profile_covers_a_top_p_steps_peak(monkeypatch, bridge, smollm2, qwen05,
     values = _host_values(bridge)
     with FakeTensorMode(allow_non_fake_inputs=True), DeviceTraffic(values):
         rt.model = _TinyModel()
+        if settings.draft_head_tokens:
+            rt.head = DraftHead(rt.model, torch.arange(settings.draft_head_tokens, device=CUDA), DRAFT_V)
+            rt.head.register_forward_hook(lambda module, args, out: forwards_by_head.append(out.shape))
         rt.graphs = DraftGraphs(rt.vllm_config, CUDA)
         engine = engine_module.DraftEngine(settings, qwen05, TARGET_V)
         steps = []

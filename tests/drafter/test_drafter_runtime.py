@@ -8,6 +8,8 @@
 - Forks share blocks copy-on-write: two continuations of one fork are both exact.
 - The pool is bounded: a forward that does not fit raises before running and takes
   nothing; released blocks are reusable.
+- An output layer over a subset of the vocabulary (``draft_head_tokens``) gives the
+  whole head's logits on the tokens it keeps and -inf elsewhere.
 """
 
 from __future__ import annotations
@@ -258,3 +260,15 @@ def test_the_profile_forward_writes_nothing(smollm2_runtime: DraftModelRuntime, 
     cache.truncate(8)
     assert float((rt.forward([cache], [_ids(9, 6)[8:]]) - before).abs().max()) < TOL
     cache.release()
+
+
+def test_a_subset_head_keeps_the_whole_heads_logits_on_its_tokens(smollm2: str, smollm2_runtime) -> None:
+    subset = DraftModelRuntime(RuntimeConfig(smollm2, torch.float32, kv_pool_mb=16, head_tokens=1000))
+    assert subset.head is not None and smollm2_runtime.head is None
+    ids = _ids(12, 3)
+    whole, part = _sequential(smollm2_runtime, ids), _sequential(subset, ids)
+    kept = torch.zeros(whole.shape[-1], dtype=torch.bool)
+    kept[:1000] = True  # SmolLM2's added tokens are among its first ids
+    torch.testing.assert_close(part[kept], whole[kept], atol=TOL, rtol=0)
+    assert torch.isneginf(part[~kept]).all()
+    assert int(part.argmax()) == int(whole[kept].argmax())

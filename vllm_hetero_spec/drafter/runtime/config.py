@@ -2,7 +2,8 @@
 
 ``draft_dtype``, ``draft_kv_pool_mb`` and ``draft_cuda_graphs`` may each be ``auto``,
 whose meaning depends on the target engine (its dtype, batch, memory and graph capture)
-and on where the drafter runs. :func:`resolve_runtime_config` turns them into one
+and on where the drafter runs; ``draft_head_tokens`` is checked against the drafter's
+tokenizer. :func:`resolve_runtime_config` turns them into one
 :class:`RuntimeConfig`, with the reason for each choice, once per engine: the proposer
 calls it when it loads the drafter and hands the result to wherever drafting runs;
 a drafter built outside an engine (benchmarks, tests) calls it without a target.
@@ -15,10 +16,11 @@ from typing import Any
 
 import torch
 
-from vllm_hetero_spec.config import HeteroSettings
+from vllm_hetero_spec.config import HeteroConfigError, HeteroSettings
 from vllm_hetero_spec.drafter.runtime.cuda_graphs import resolve_graph_sizes
 from vllm_hetero_spec.drafter.runtime.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
 from vllm_hetero_spec.drafter.runtime.pool_size import STANDALONE_MB, engine_pool_mb
+from vllm_hetero_spec.vocab.frequent_tokens import merge_ordered, read_tokenizer
 
 DEFAULT_FORWARD_TOKENS = 8192
 DEFAULT_ROWS = 256
@@ -48,6 +50,10 @@ class RuntimeConfig:
         attention_backend: the attention backend's name when the target's config names
             one (``--attention-backend``, ``attention_config.backend``), so the choice
             covers the whole engine; ``None``: vLLM picks for the drafter's own heads.
+        head_tokens: the output layer's tokens (``drafter/runtime/draft_head.py``): the
+            ids below it and the added tokens; 0: the whole vocabulary.
+        tokenizer: the folder whose ``tokenizer.json`` lists those added tokens
+            (``None``: the model's).
     """
 
     model: str
@@ -58,6 +64,8 @@ class RuntimeConfig:
     max_forward_tokens: int = DEFAULT_FORWARD_TOKENS
     max_rows: int = DEFAULT_ROWS
     attention_backend: str | None = None
+    head_tokens: int = 0
+    tokenizer: str | None = None
 
 
 def resolve_runtime_config(
@@ -99,8 +107,29 @@ def resolve_runtime_config(
             forward_tokens = target.scheduler_config.max_num_batched_tokens
             chosen = getattr(getattr(target, "attention_config", None), "backend", None)
             backend = getattr(chosen, "name", chosen)
+    head, head_why = resolve_head_tokens(settings)
     cfg = RuntimeConfig(settings.draft_model, dtype, pool, graph_sizes=sizes, max_forward_tokens=forward_tokens,
-                        max_rows=rows, attention_backend=backend)
+                        max_rows=rows, attention_backend=backend, head_tokens=head,
+                        tokenizer=settings.draft_tokenizer)
     return cfg, {"dtype": f"{dtype_name} ({dtype_why})", "kv pool": f"{pool} MiB ({pool_why})",
-                 "CUDA graphs": graphs_why,
+                 "CUDA graphs": graphs_why, "output layer": head_why,
                  "attention": f"{backend} (the target's)" if backend else "vLLM's choice for the drafter"}
+
+
+def resolve_head_tokens(settings: HeteroSettings) -> tuple[int, str]:
+    """``draft_head_tokens`` checked against the drafter's tokenizer (0: the whole
+    vocabulary), and the log's text. Raises :class:`HeteroConfigError` for a head the
+    tokenizer cannot rank: the lowest ids of a vocabulary not in merge order are
+    arbitrary tokens."""
+    asked = settings.draft_head_tokens
+    if asked == 0:
+        return 0, "the whole vocabulary"
+    tokenizer = read_tokenizer(settings.draft_tokenizer or settings.draft_model)
+    size = len((tokenizer or {}).get("model", {}).get("vocab") or ())
+    if asked >= size > 0:
+        return 0, f"the whole vocabulary ({size} tokens, draft_head_tokens {asked})"
+    if tokenizer is None or not merge_ordered(tokenizer):
+        raise HeteroConfigError(
+            f"draft_head_tokens: {asked} needs a byte-level BPE tokenizer whose ids follow its merges (then the "
+            "lowest ids are the most frequent tokens), and the drafter's does not; set it to 0")
+    return asked, f"the {asked} most frequent of {size} tokens"

@@ -26,13 +26,17 @@ from vllm_hetero_spec.drafter.runtime.attention import (
     attention_groups, common_metadata, draft_block_size, step_metadata)
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
 from vllm_hetero_spec.drafter.runtime.cuda_graphs import DraftGraphs, graph_compilation_config
+from vllm_hetero_spec.drafter.runtime.draft_head import DraftHead, draft_head
 from vllm_hetero_spec.drafter.runtime.input_staging import InputStaging
 from vllm_hetero_spec.drafter.runtime.kv_layout import allocate_layer_caches
 from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool, PagedCache, PoolExhausted, TokenTree
 from vllm_hetero_spec.drafter.runtime.tp_group import draft_tp_group, tensor_parallel_group
 from vllm_hetero_spec.host_to_device import to_device
+from vllm_hetero_spec.log import plugin_logger
+from vllm_hetero_spec.vocab.frequent_tokens import head_ids, read_tokenizer
 
 _PREFIX = "hetero_draft"
+logger = plugin_logger(__name__)
 
 
 def _draft_vllm_config(cfg: RuntimeConfig):
@@ -91,7 +95,26 @@ class DraftModelRuntime:
         self.graphs = DraftGraphs(self.vllm_config, self.device)
         self.vocab_size = self.vllm_config.model_config.get_vocab_size()
         self.max_len = self.vllm_config.model_config.max_model_len
+        self.head = self._head()
         self._build_pool(layers)
+
+    def _head(self) -> DraftHead | None:
+        """The output layer over ``cfg.head_tokens`` tokens (``None``: the model's own;
+        where a subset was asked and cannot be had, a warning says why)."""
+        if not self.cfg.head_tokens:
+            return None
+        tokenizer = read_tokenizer(self.cfg.tokenizer or self.cfg.model) or {}
+        ids = to_device(head_ids(tokenizer, self.cfg.head_tokens, self.vocab_size).tolist(), torch.long, self.device)
+        head, why = draft_head(self.model, ids, self.vocab_size)
+        if head is None:
+            logger.warning("hetero spec: draft_head_tokens: the drafter keeps its whole output layer: %s", why)
+        return head
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[rows, vocab]`` of the hidden states ``[rows, hidden]``."""
+        if self.head is not None:
+            return self.head(hidden)
+        return self.model.compute_logits(hidden).float()
 
     # -- KV pool ----------------------------------------------------------------------
 
@@ -224,7 +247,7 @@ class DraftModelRuntime:
             batch_descriptor=batch, slot_mapping={name: slots for name in self.layer_names},
         ), tensor_parallel_group(self.tp_group):
             hidden = self.model(input_ids=input_ids, positions=positions)
-            return self.model.compute_logits(hidden.index_select(0, dev.last)).float() if logits else None
+            return self._logits(hidden.index_select(0, dev.last)) if logits else None
 
     @torch.inference_mode()
     def dummy_logits(self, num_tokens: int, num_rows: int) -> torch.Tensor:
@@ -240,8 +263,7 @@ class DraftModelRuntime:
         with set_forward_context(None, self.vllm_config, num_tokens=n, slot_mapping={}), \
                 tensor_parallel_group(self.tp_group):
             hidden = self.model(input_ids=ids, positions=ids)
-            parts = [self.model.compute_logits(hidden.narrow(0, 0, min(n, num_rows - start))).float()
-                     for start in range(0, num_rows, n)]
+            parts = [self._logits(hidden.narrow(0, 0, min(n, num_rows - start))) for start in range(0, num_rows, n)]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @torch.inference_mode()
