@@ -149,7 +149,7 @@ def main() -> None:
 
     first_round = -(-args.num_prompts // categories())
     prompts = [[{"role": "user", "content": q}] for q in spec_bench_questions(args.held_out, first_round=first_round)]
-    results: dict[str, Any] = {"meta": meta(args), "targets": {}}
+    results = {"meta": meta(args), "targets": earlier_targets()}
     for target in args.targets:
         folder = results_dir() / f"advise_{target}"
         shutil.rmtree(folder, ignore_errors=True)
@@ -162,9 +162,26 @@ def main() -> None:
             for label, job in jobs:
                 measured[label] = run_session(label, job, log, bar)
         rows, rec_rows = verdicts(advised, measured)
-        results["targets"][target] = {"rows": rows, "recommended": rec_rows,
+        results["targets"][target] = {"meta": meta(args), "rows": rows, "recommended": rec_rows,
                                       "recommendation": advised["recommendation"], "measured": slim(measured)}
         write(results)
+
+
+def earlier_targets() -> dict[str, Any]:
+    """The targets of the newest result, each as its own run left it: a run of some
+    targets replaces theirs and keeps the others'."""
+    path = results_dir() / "advise_check.json"
+    if not path.is_file():
+        return {}
+    earlier = json.loads(path.read_text())
+    return {target: {"meta": earlier["meta"], **r} if "meta" not in r else r for target, r in earlier["targets"].items()}
+
+
+def settings_line(m: dict[str, Any]) -> str:
+    a = m["args"]
+    return (f"{m['date']}: advise on {a['num_prompts']} prompts, checked on {a['held_out']} held-out ones, "
+            f"{a['max_tokens']} tokens, T {a['temperatures']}, batch {a['batch_sizes']}, k <= {a['k']}, "
+            f"{a['rounds']} rounds.")
 
 
 def write(results: dict[str, Any]) -> None:
@@ -173,7 +190,7 @@ def write(results: dict[str, Any]) -> None:
           f"{TOLERANCE:.0%} or inside the spread; the recommended config within {RECOMMENDED_WITHIN:.0%} of the "
           "best measured option.", ""]
     for target, r in results["targets"].items():
-        md += [f"## {target}", ""]
+        md += [f"## {target}", "", settings_line(r["meta"]), ""]
         md += table(["drafter", "rule", "T", "b", "k", "projected", "measured", "within bar"],
                     [[x["drafter"], x["rule"], f"{x['T']:g}", x["b"], x["k"], f"{x['projected']:.2f}x",
                       ratio_cell(x["measured"], x["low"], x["high"]), "yes" if x["ok"] else "**no**"]

@@ -322,9 +322,6 @@ def test_profile_covers_a_top_p_steps_peak(monkeypatch, bridge, smollm2, qwen05,
     values = _host_values(bridge)
     with FakeTensorMode(allow_non_fake_inputs=True), DeviceTraffic(values):
         rt.model = _TinyModel()
-        if settings.draft_head_tokens:
-            rt.head = DraftHead(rt.model, torch.arange(settings.draft_head_tokens, device=CUDA), DRAFT_V)
-            rt.head.register_forward_hook(lambda module, args, out: forwards_by_head.append(out.shape))
         rt.graphs = DraftGraphs(rt.vllm_config, CUDA)
         engine = engine_module.DraftEngine(settings, qwen05, TARGET_V)
         steps = []
