@@ -458,8 +458,8 @@ MUTATIONS = [
     Mutation(
         "head-zero-elsewhere", "a subset output layer gives the tokens it leaves out logit 0, not -inf",
         "vllm_hetero_spec/drafter/runtime/draft_head.py",
-        'logits = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32,',
-        'logits = torch.full((hidden.shape[0], self.vocab_size), 0.0, dtype=torch.float32,',
+        'logits = hidden.new_full((hidden.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)',
+        'logits = hidden.new_full((hidden.shape[0], self.vocab_size), 0.0, dtype=torch.float32)',
         ("tests/drafter/test_drafter_runtime.py", "-k", "subset_head"),
     ),
     Mutation(

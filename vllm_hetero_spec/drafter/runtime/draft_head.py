@@ -57,8 +57,7 @@ class DraftHead(torch.nn.Module):
             part = torch.tanh(part / self.soft_cap) * self.soft_cap
         if self.scale != 1.0:
             part = part * self.scale
-        logits = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32,
-                            device=hidden.device)
+        logits = hidden.new_full((hidden.shape[0], self.vocab_size), float("-inf"), dtype=torch.float32)
         return logits.index_copy_(1, self.ids, part.float())
 
 
