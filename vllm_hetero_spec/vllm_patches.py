@@ -447,6 +447,48 @@ def _finalized(vllm_config: Any) -> None:
     """``finalize_loading`` of a loaded inductor function: nothing left to do."""
 
 
+SHARED_INDUCTOR_DIR = "inductor_shared"
+
+
+def shared_inductor_cache(aot_compilation_path: str) -> str:
+    """The inductor cache every configuration shares: beside vLLM's compile caches, which
+    it places at ``<cache root>/torch_compile_cache/torch_aot_compile/<hash>/<rank>/model``."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(aot_compilation_path)))),
+                        SHARED_INDUCTOR_DIR)
+
+
+def _patch_shared_inductor_cache() -> None:
+    """Why: vLLM 0.32.0 points inductor's cache (``TORCHINDUCTOR_CACHE_DIR``) at a folder
+    of each configuration's compile hash, just before it loads or compiles the model
+    (``compilation/decorators.py``, then ``_try_load_aot_compiled_fn``). The hash covers
+    the speculative config, ``max_num_seqs``, ``max_model_len`` and more, so each new
+    configuration of a model compiled every kernel and graph again: a plain engine and a
+    hetero engine of one target, ``advise``'s engines (plain, each drafter, vLLM's
+    ``draft_model``), a server restarted with another ``--max-num-seqs``. Inductor keys
+    its caches by content (graph, inputs, inductor config, kernel source) and writes them
+    atomically under file locks, which is why torch's own default is one folder per
+    user; so one folder shared by all configurations is safe, and a configuration new to
+    the machine reuses what another compiled. vLLM's own artifact (the AOT model file)
+    stays in the hash folder, and loads as before. This is the CPU platform's path, where
+    vLLM hands the model to inductor whole; vLLM's piecewise backend (CUDA) points
+    inductor at its own folder again inside the compile (``InductorAdaptor.
+    initialize_cache``), so there this changes nothing. Targets the module-level
+    ``_try_load_aot_compiled_fn(model, path)`` that vLLM 0.32.0's compiled ``__call__``
+    calls after setting the variable (only with its AOT compile cache on, the default)."""
+    from vllm.compilation import decorators
+
+    original = decorators._try_load_aot_compiled_fn
+
+    @functools.wraps(original)
+    def _try_load_aot_compiled_fn(model: Any, aot_compilation_path: str) -> Any:
+        folder = shared_inductor_cache(aot_compilation_path)
+        os.makedirs(folder, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+        return original(model, aot_compilation_path)
+
+    patch(decorators, "_try_load_aot_compiled_fn", _try_load_aot_compiled_fn, _patch_shared_inductor_cache.__doc__)
+
+
 def _guard_unsupported_version(version: str) -> None:
     """On an unsupported vLLM, make a hetero config fail at start-up with the versions
     (vLLM's own error for an unknown method would not say why). The one patch applied
@@ -506,5 +548,6 @@ def apply() -> bool:
     _patch_request_validation()
     _patch_multiprocess_metrics()
     _patch_aot_compile_load()
+    _patch_shared_inductor_cache()
     _applied = True
     return True

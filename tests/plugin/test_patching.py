@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import types
 from pathlib import Path
@@ -87,7 +88,7 @@ def test_the_override_patches_another_version(monkeypatch) -> None:
     calls = []
     names = ("_patch_expand_kernel", "_patch_verification_top_k_top_p", "_patch_engine_args", "_patch_model_runner",
              "_patch_min_p_logit_bias", "_patch_cli_args", "_patch_request_validation", "_patch_multiprocess_metrics",
-             "_patch_aot_compile_load")
+             "_patch_aot_compile_load", "_patch_shared_inductor_cache")
     for name in names:
         monkeypatch.setattr(vllm_patches, name, lambda name=name: calls.append(name))
     assert vllm_patches.apply() is True
@@ -120,3 +121,22 @@ def test_a_model_compiled_by_inductor_loads_back_from_the_aot_cache(tmp_path: Pa
         loaded = torch.compiler.load_compiled_function(fh)
     loaded._artifacts.compiled_fn.finalize_loading(None)  # as vLLM 0.32.0 calls it
     assert torch.equal(loaded(x), f(x))
+
+
+def test_every_configuration_compiles_into_one_shared_inductor_cache(monkeypatch, tmp_path: Path) -> None:
+    """vLLM 0.32.0 points inductor at a folder of each configuration's compile hash, then
+    calls ``_try_load_aot_compiled_fn``: after the plugin's wrapper, two configurations'
+    compiles use the same folder (``_patch_shared_inductor_cache``), and a missing AOT
+    artifact still loads as nothing (the engine compiles)."""
+    from vllm.compilation import decorators
+
+    assert vllm_patches.apply()
+    model = type("Model", (), {"vllm_config": None, "_is_encoder": False})()
+    folders = []
+    for config_hash in ("aaa", "bbb"):
+        per_hash = tmp_path / "torch_compile_cache" / "torch_aot_compile" / config_hash / "inductor_cache"
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(per_hash))  # what vLLM sets before the call
+        assert decorators._try_load_aot_compiled_fn(model, str(per_hash.parent / "rank_0_0" / "model")) is None
+        folders.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    assert folders == [str(tmp_path / "torch_compile_cache" / "inductor_shared")] * 2
+    assert Path(folders[0]).is_dir()

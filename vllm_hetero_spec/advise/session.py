@@ -122,12 +122,18 @@ class Session:
         return {"steps": got["steps"], "stats": delta}
 
     def warm_up(self) -> None:
-        """The first pass at a new shape is slow on a CPU (kernels built per shape):
-        one untimed pass per batch size, drafting at the longest length."""
+        """The first pass at a new shape is slow on a CPU (kernels built per shape): per
+        batch size, one untimed pass drafting at the longest length, and every prompt's
+        prefill (one token each). Without the prefills, an engine's first timed pass
+        over the sample met each prompt's length for the first time and ran slower than
+        the same pass repeated; that pass is always the first temperature at the
+        smallest batch, whose speedups it skewed (docs/advise.md)."""
+        everything = list(range(len(self.prompts)))
         for b in self.job["batch_sizes"]:
             if self.hetero:
                 self.pin(self._first_rule(), self.job["k"])
             self.generate(list(range(b)), b, 0.0, WARMUP_TOKENS + self.job["k"])
+            self.generate(everything, b, 0.0, 1)
         if self.hetero:
             self.read()
 
