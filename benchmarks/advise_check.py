@@ -173,8 +173,7 @@ def earlier_targets() -> dict[str, Any]:
     path = results_dir() / "advise_check.json"
     if not path.is_file():
         return {}
-    earlier = json.loads(path.read_text())
-    return {target: {"meta": earlier["meta"], **r} if "meta" not in r else r for target, r in earlier["targets"].items()}
+    return json.loads(path.read_text())["targets"]
 
 
 def settings_line(m: dict[str, Any]) -> str:

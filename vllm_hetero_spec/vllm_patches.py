@@ -16,6 +16,7 @@ import argparse
 import functools
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -453,8 +454,7 @@ SHARED_INDUCTOR_DIR = "inductor_shared"
 def shared_inductor_cache(aot_compilation_path: str) -> str:
     """The inductor cache every configuration shares: beside vLLM's compile caches, which
     it places at ``<cache root>/torch_compile_cache/torch_aot_compile/<hash>/<rank>/model``."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(aot_compilation_path)))),
-                        SHARED_INDUCTOR_DIR)
+    return str(Path(aot_compilation_path).parents[3] / SHARED_INDUCTOR_DIR)
 
 
 def _patch_shared_inductor_cache() -> None:
