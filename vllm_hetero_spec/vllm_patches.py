@@ -13,6 +13,7 @@ for people trying a newer vLLM. When vLLM changes, this is the one file to edit.
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import os
 from dataclasses import dataclass
@@ -489,6 +490,52 @@ def _patch_shared_inductor_cache() -> None:
     patch(decorators, "_try_load_aot_compiled_fn", _try_load_aot_compiled_fn, _patch_shared_inductor_cache.__doc__)
 
 
+def compile_key_config(vllm_config: Any) -> Any:
+    """The configuration a hetero engine's target is keyed by in vLLM's compile cache: its
+    own, as the same engine without our speculation would have it. Our settings
+    (``additional_config``), vLLM's speculative config (a ``custom_class`` proposer:
+    no drafter model, no auxiliary hidden states) and the DP synchronization vLLM picks
+    when speculation turns async scheduling off (a host-side choice) shape no part of
+    the target's graph; everything else (model, cache, scheduler, compilation, parallel
+    layout) still keys it. Any other engine is returned as it is."""
+    from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY
+
+    extra = vllm_config.additional_config
+    if not isinstance(extra, dict) or ADDITIONAL_CONFIG_KEY not in extra:
+        return vllm_config
+    parallel = copy.copy(vllm_config.parallel_config)
+    parallel.disable_nccl_for_dp_synchronization = True
+    key = copy.copy(vllm_config)
+    key.speculative_config = None
+    key.additional_config = {k: v for k, v in extra.items() if k != ADDITIONAL_CONFIG_KEY}
+    key.parallel_config = parallel
+    return key
+
+
+def _patch_target_compile_key() -> None:
+    """Why: vLLM 0.32.0 keys its AOT compile cache (``compilation/caching.py::
+    aot_compile_hash_factors``, called by the compiled model's first ``__call__`` in
+    ``compilation/decorators.py``) by the hash of the whole ``VllmConfig``, which for a
+    hetero engine includes every one of our settings, the speculative config and the DP
+    synchronization mode. So the same target compiled again for each rule, draft length
+    or drafter, and once more than plain decoding: ``advise`` (a plain engine, then ours),
+    a server restarted with another hetero config, a batch job after a plain one. None of
+    those shape the target's graph (our drafter is a separate model, built from its own
+    config), so a hetero engine's target is keyed as the same engine without
+    speculation (:func:`compile_key_config`), and loads what either compiled. vLLM still
+    checks the traced source files at load; the drafter's own compile, where it has one,
+    is keyed by its own config, untouched."""
+    from vllm.compilation import caching
+
+    original = caching.aot_compile_hash_factors
+
+    @functools.wraps(original)
+    def aot_compile_hash_factors(vllm_config: Any) -> list[str]:
+        return original(compile_key_config(vllm_config))
+
+    patch(caching, "aot_compile_hash_factors", aot_compile_hash_factors, _patch_target_compile_key.__doc__)
+
+
 def _guard_unsupported_version(version: str) -> None:
     """On an unsupported vLLM, make a hetero config fail at start-up with the versions
     (vLLM's own error for an unknown method would not say why). The one patch applied
@@ -549,5 +596,6 @@ def apply() -> bool:
     _patch_multiprocess_metrics()
     _patch_aot_compile_load()
     _patch_shared_inductor_cache()
+    _patch_target_compile_key()
     _applied = True
     return True

@@ -3,7 +3,8 @@ vLLM's default flags and process layout), on the smallest models: SmolLM2-135M a
 target, drafting for itself -- a drafter of the target's own vocabulary, so advise
 measures it under our plugin (over the id map, with tli) and under vLLM's
 ``draft_model`` -- at T = 0 and 1, batch 1 and 2. It must finish, report every setting
-with acceptance it measured, write its table, plot and JSON, and the config it chose
+with acceptance it measured, write its table, plot and JSON (our engine loading the
+target the plain engine compiled), and the config it chose
 (or, where plain decoding won, the drafter's own best config) must start an ``LLM``
 that drafts."""
 
@@ -53,6 +54,11 @@ def test_advise_measures_projects_and_writes_a_config_vllm_accepts(smollm2: str,
     assert (results / "advise.md").read_text().count(Path(smollm2).name + " |") == 4  # a row per T and method
     assert (results / "advise.png").stat().st_size > 1000
     assert "smollm2" in proc.stdout and "%|" in proc.stderr  # the table, and the progress bar
+    # Our engine's target keys its compile as the plain engine's (vllm_patches.
+    # _patch_target_compile_key), so it loads what the plain engine, started first, compiled.
+    log = (results / "advise.log").read_text()
+    ours = log.split(f"===== {Path(smollm2).name} =====", 1)[1].split("\n===== ", 1)[0]
+    assert "Directly load AOT compilation" in ours, ours[-3000:]
 
     rec = data["recommendation"]
     if rec["config"] is not None:

@@ -88,7 +88,7 @@ def test_the_override_patches_another_version(monkeypatch) -> None:
     calls = []
     names = ("_patch_expand_kernel", "_patch_verification_top_k_top_p", "_patch_engine_args", "_patch_model_runner",
              "_patch_min_p_logit_bias", "_patch_cli_args", "_patch_request_validation", "_patch_multiprocess_metrics",
-             "_patch_aot_compile_load", "_patch_shared_inductor_cache")
+             "_patch_aot_compile_load", "_patch_shared_inductor_cache", "_patch_target_compile_key")
     for name in names:
         monkeypatch.setattr(vllm_patches, name, lambda name=name: calls.append(name))
     assert vllm_patches.apply() is True
@@ -140,3 +140,26 @@ def test_every_configuration_compiles_into_one_shared_inductor_cache(monkeypatch
         folders.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     assert folders == [str(tmp_path / "torch_compile_cache" / "inductor_shared")] * 2
     assert Path(folders[0]).is_dir()
+
+
+def test_a_hetero_engine_compiles_its_target_under_the_plain_engines_key(smollm2: str) -> None:
+    """vLLM 0.32.0 keys its AOT compile cache by the whole config, so each hetero config
+    compiled its target again; after ``_patch_target_compile_key`` every hetero config of
+    one target keys as the plain engine, while what shapes the graph still separates keys:
+    vLLM's ``draft_model`` (its drafter's config) and another ``max_num_seqs``."""
+    from vllm.compilation import caching
+    from vllm.engine.arg_utils import EngineArgs
+
+    assert vllm_patches.apply()
+
+    def key(spec: dict | None, max_num_seqs: int = 2) -> list:
+        config = EngineArgs(model=smollm2, max_model_len=512, max_num_seqs=max_num_seqs,
+                            speculative_config=spec).create_engine_config()
+        return caching.aot_compile_hash_factors(config)
+
+    hetero = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 2}
+    plain = key(None)
+    assert key(hetero) == plain
+    assert key({**hetero, "num_speculative_tokens": 4, "algorithm": "slem", "draft_budget": "fixed"}) == plain
+    assert key({"method": "draft_model", "model": smollm2, "num_speculative_tokens": 2}) != plain
+    assert key(hetero, max_num_seqs=4) != plain
