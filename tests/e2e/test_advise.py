@@ -57,7 +57,7 @@ def test_advise_measures_projects_and_writes_a_config_vllm_accepts(smollm2: str,
     # Our engine's target keys its compile as the plain engine's (vllm_patches.
     # _patch_target_compile_key), so it loads what the plain engine, started first, compiled.
     log = (results / "advise.log").read_text()
-    ours = log.split(f"===== {Path(smollm2).name} =====", 1)[1].split("\n===== ", 1)[0]
+    ours = log.split(f"===== {smollm2} =====", 1)[1].split("\n===== ", 1)[0]
     assert "Directly load AOT compilation" in ours, ours[-3000:]
 
     rec = data["recommendation"]
