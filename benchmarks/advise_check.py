@@ -21,6 +21,7 @@ measured at each setting, or within 5% of it.
 
     .venv/bin/python benchmarks/advise_check.py                       # every target
     .venv/bin/python benchmarks/advise_check.py --targets qwen2.5-coder-1.5b
+    .venv/bin/python benchmarks/advise_check.py --targets qwen2.5-coder-1.5b --reuse-advise  # the check only
 """
 
 from __future__ import annotations
@@ -57,6 +58,24 @@ def run_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[str,
     subprocess.run(cmd, check=True)
     (folder / "advise.log").unlink(missing_ok=True)
     return json.loads((folder / "advise.json").read_text())
+
+
+def reused_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[str, Any] | None:
+    """advise's result kept in ``folder`` by an earlier run with the same settings, so a
+    check cut short (a 1.5B target's advise and check together take hours on two cores)
+    resumes at the measurement; None where there is none to reuse."""
+    path = folder / "advise.json"
+    if not path.is_file():
+        return None
+    advised = json.loads(path.read_text())
+    kept = advised["args"]
+    wanted = {"target": target, "drafters": ",".join(PAIRS[target]), "num_prompts": args.num_prompts,
+              "max_tokens": args.max_tokens, "batch_sizes": args.batch_sizes, "temperatures": args.temperatures,
+              "k": args.k}
+    differing = {key: (kept.get(key), value) for key, value in wanted.items() if kept.get(key) != value}
+    if differing:
+        raise SystemExit(f"--reuse-advise: {path} was written with other settings (kept, wanted): {differing}")
+    return advised
 
 
 def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argparse.Namespace
@@ -141,6 +160,8 @@ def main() -> None:
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--k", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--reuse-advise", action="store_true",
+                    help="take advise's result already in results/advise_<target>/ (same settings) instead of rerunning it")
     args = ap.parse_args()
     from tqdm import tqdm
 
@@ -152,8 +173,10 @@ def main() -> None:
     results = {"meta": meta(args), "targets": earlier_targets()}
     for target in args.targets:
         folder = results_dir() / f"advise_{target}"
-        shutil.rmtree(folder, ignore_errors=True)
-        advised = run_advise(target, args, folder)
+        advised = reused_advise(target, args, folder) if args.reuse_advise else None
+        if advised is None:
+            shutil.rmtree(folder, ignore_errors=True)
+            advised = run_advise(target, args, folder)
         jobs = check_jobs(target, advised, prompts, args)
         log = Path(f"/tmp/advise_check_{target}.log")
         log.write_text("")
