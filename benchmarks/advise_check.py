@@ -49,11 +49,18 @@ TOLERANCE = 0.15
 RECOMMENDED_WITHIN = 0.05
 
 
+def advise_settings(target: str, args: argparse.Namespace) -> dict[str, Any]:
+    """advise's arguments for ``target``, as its JSON records them (``args``)."""
+    return {"target": target, "drafters": ",".join(PAIRS[target]), "num_prompts": args.num_prompts,
+            "max_tokens": args.max_tokens, "batch_sizes": args.batch_sizes, "temperatures": args.temperatures,
+            "k": args.k}
+
+
 def run_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """advise on the sample; its outputs in ``folder`` (the log of vLLM's output removed)."""
-    cmd = [sys.executable, "-m", "vllm_hetero_spec", "advise", "--target", target, "--drafters", ",".join(PAIRS[target]),
-           "--num-prompts", str(args.num_prompts), "--max-tokens", str(args.max_tokens), "--batch-sizes",
-           args.batch_sizes, "--temperatures", args.temperatures, "--k", str(args.k), "--results-dir", str(folder),
+    flags = [x for key, value in advise_settings(target, args).items()
+             for x in (f"--{key.replace('_', '-')}", str(value))]
+    cmd = [sys.executable, "-m", "vllm_hetero_spec", "advise", *flags, "--results-dir", str(folder),
            "--out", str(folder / "config.json")]
     subprocess.run(cmd, check=True)
     (folder / "advise.log").unlink(missing_ok=True)
@@ -69,10 +76,8 @@ def reused_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[s
         return None
     advised = json.loads(path.read_text())
     kept = advised["args"]
-    wanted = {"target": target, "drafters": ",".join(PAIRS[target]), "num_prompts": args.num_prompts,
-              "max_tokens": args.max_tokens, "batch_sizes": args.batch_sizes, "temperatures": args.temperatures,
-              "k": args.k}
-    differing = {key: (kept.get(key), value) for key, value in wanted.items() if kept.get(key) != value}
+    differing = {key: (kept.get(key), value) for key, value in advise_settings(target, args).items()
+                 if kept.get(key) != value}
     if differing:
         raise SystemExit(f"--reuse-advise: {path} was written with other settings (kept, wanted): {differing}")
     return advised
@@ -161,7 +166,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reuse-advise", action="store_true",
-                    help="take advise's result already in results/advise_<target>/ (same settings) instead of rerunning it")
+                    help="take advise's result already in results/advise_<target>/ (same settings) "
+                         "instead of rerunning it")
     args = ap.parse_args()
     from tqdm import tqdm
 

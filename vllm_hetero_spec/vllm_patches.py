@@ -496,8 +496,9 @@ def compile_key_config(vllm_config: Any) -> Any:
     (``additional_config``), vLLM's speculative config (a ``custom_class`` proposer:
     no drafter model, no auxiliary hidden states) and the DP synchronization vLLM picks
     when speculation turns async scheduling off (a host-side choice, keyed as vLLM's
-    default with async scheduling on picks it) shape no part of the target's graph; everything else (model, cache, scheduler, compilation, parallel
-    layout) still keys it. Any other engine is returned as it is."""
+    default with async scheduling on picks it) shape no part of the target's graph;
+    everything else (model, cache, scheduler, compilation, parallel layout) still keys
+    it. Any other engine is returned as it is."""
     from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY
 
     extra = vllm_config.additional_config
