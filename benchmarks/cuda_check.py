@@ -16,7 +16,8 @@ the target vocabulary (``drafter/sampling.py``, ``drafter/strategies/mapped_samp
    ``torch.cuda.set_sync_debug_mode("error")``, which raises on any synchronizing call
    (a read-back such as ``.item()``, ``.tolist()``, ``nonzero``, a blocking copy). The
    harness first shows that a planted ``.item()`` raises. Building a step's small
-   inputs from host lists (``host_to_device.py``) is in the list: a copy, never a wait.
+   inputs from host lists (``host_to_device.py``) and a seeded row's generators
+   (``verify/seeded.py``) are in the list: a copy, never a wait.
 3. **Losslessness on the device**: chi-square tests, with the device's own random
    streams, that the emitted tokens follow the target law (the rule with q, the
    one-hot rule, ``tli`` drafted through a vocabulary intersection), and a control
@@ -58,6 +59,7 @@ from vllm_hetero_spec.drafter.strategies.mapped_sampling import TOKEN_LEVEL, dra
 from vllm_hetero_spec.verify.draft_probs import DraftProbs  # noqa: E402
 from vllm_hetero_spec.verify.plan import VerifyPlan  # noqa: E402
 from vllm_hetero_spec.verify.rules import BlockQ, verify_tokens  # noqa: E402
+from vllm_hetero_spec.verify.seeded import position_generators  # noqa: E402
 from vllm_hetero_spec.vocab.intersection import VocabIntersection  # noqa: E402
 
 TARGET_V, DRAFT_V, K = 151_936, 49_152, 4
@@ -164,6 +166,8 @@ def check_no_sync(device: torch.device, inter: VocabIntersection) -> dict:
         "SamplingRows.build": lambda: rows(8, device),
         "SamplingRows.select": lambda: unseeded.select([3, 1, 1]),
         "DraftProbs.take": lambda: inputs["q"].probs.take([5, 0, 2]),
+        "position_generators (a seeded row's generator per position)": lambda: position_generators(
+            [0, 1, 2], [7, 7, 9], [10, 11, 10], device),
         "VerifyPlan.layout (q rows, forced rejection, fsd thresholds)": lambda: plan.layout(["a", "b", "c"], [2, 1, 2], 2,
                                                                                               device),
     }
