@@ -183,7 +183,7 @@ class HeteroSettings:
         "stays as lossless as it is. Frequency is read from the tokenizer: byte-level BPE ids follow their merges, "
         "so the N lowest ids (and every added token) are kept; a tokenizer whose ids do not (Gemma-3's) is "
         "refused at start-up. `0`: the whole vocabulary. Off by default; where it pays: "
-        "([algorithms.md](algorithms.md#a-smaller-output-layer-draft_head_tokens))", integer(0),
+        "[algorithms.md](algorithms.md#a-smaller-output-layer-draft_head_tokens)", integer(0),
         "e.g. 65536, or 0 for the whole vocabulary")
     draft_kv_pool_mb: int | str = setting(
         "auto", "the drafter's paged KV pool (MiB), allocated once on the target's device; a request that finds "
