@@ -11,7 +11,7 @@ same batch sizes and temperatures:
 - the config advise recommends, as written (``auto``, the adaptive budget);
 - plain decoding, before and after: plain [1] | every other engine [1, 2] | plain [2],
   each engine running its consecutive rounds in one process (one engine alive at a
-  time: a float32 1.5B engine alone takes about half of a 24 GiB machine).
+  time, so a large target's memory is freed between them).
 
 A measured speedup is the option's tokens per second over the same round's plain
 decoding at the same temperature and batch size; its spread, the range over rounds.
@@ -37,7 +37,7 @@ from typing import Any
 
 from report import meta, ratio_cell, results_dir, table, write_report
 
-from vllm_hetero_spec.advise.prompts import categories, spec_bench_questions
+from vllm_hetero_spec.advise.prompts import as_chat, categories, spec_bench_questions
 
 #: Every pair the shipped models make: target -> drafters.
 PAIRS = {
@@ -69,8 +69,9 @@ def run_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[str,
 
 def reused_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[str, Any] | None:
     """advise's result kept in ``folder`` by an earlier run with the same settings, so a
-    check cut short (a 1.5B target's advise and check together take hours on two cores)
-    resumes at the measurement; None where there is none to reuse."""
+    check cut short (on a small machine a large target's advise and check together can
+    outlast a working session) resumes at the measurement; None where there is none to
+    reuse."""
     path = folder / "advise.json"
     if not path.is_file():
         return None
@@ -87,12 +88,14 @@ def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argpar
                ) -> list[tuple[str, dict[str, Any]]]:
     """The engines of the held-out measurement, in order, each with its runs (pins)."""
     from vllm_hetero_spec.advise.cli import engine_dtype, resolve_model
+    from vllm_hetero_spec.advise.session import base_job
 
     rounds = list(range(args.rounds))
     settings = sorted({(o["temperature"], o["batch"]) for o in advised["options"]})
-    base = {"target": str(resolve_model("--target", target).folder), "dtype": engine_dtype("auto"),
-            "max_model_len": 2048, "seed": 0, "prompts": prompts, "max_tokens": args.max_tokens, "k": args.k,
-            "batch_sizes": sorted({b for _, b in settings}), "temperatures": sorted({t for t, _ in settings})}
+    ran = advised["args"]  # the engines as advise ran them
+    base = base_job(str(resolve_model("--target", target).folder), prompts, dtype=engine_dtype(ran["dtype"]),
+                    max_model_len=ran["max_model_len"], seed=ran["seed"], max_tokens=args.max_tokens, k=args.k,
+                    batch_sizes=sorted({b for _, b in settings}), temperatures=sorted({t for t, _ in settings}))
 
     def pins(rows: list[dict[str, Any]], rs: list[int]) -> list[dict[str, Any]]:
         return [{**row, "round": r} for r in rs for row in rows]
@@ -175,7 +178,7 @@ def main() -> None:
     from vllm_hetero_spec.advise.session import planned_calls
 
     first_round = -(-args.num_prompts // categories())
-    prompts = [[{"role": "user", "content": q}] for q in spec_bench_questions(args.held_out, first_round=first_round)]
+    prompts = as_chat(spec_bench_questions(args.held_out, first_round=first_round))
     results = {"meta": meta(args), "targets": earlier_targets()}
     for target in args.targets:
         folder = results_dir() / f"advise_{target}"
@@ -225,7 +228,7 @@ def write(results: dict[str, Any]) -> None:
                      for x in r["rows"]])
         if r["recommended"]:
             md += ["", f"Recommended: `{json.dumps(r['recommendation']['config'])}`", ""]
-            md += table(["T", "b", "measured", "best option measured", "within 5%"],
+            md += table(["T", "b", "measured", "best option measured", f"within {RECOMMENDED_WITHIN:.0%}"],
                         [[f"{x['T']:g}", x["b"], ratio_cell(x["measured"], x["low"], x["high"]),
                           f"{x['best_option']:.2f}x", "yes" if x["ok"] else "**no**"] for x in r["recommended"]])
         md.append("")

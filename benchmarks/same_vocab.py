@@ -3,8 +3,8 @@
 Qwen2.5-Coder-0.5B drafting for Qwen2.5-Coder-1.5B (one vocabulary, so our bridge is an
 id map and ``auto`` drafts with ``tli`` alone), held-out Spec-Bench prompts (never in
 ``advise``'s sample), batch 1, T = 0, 48 tokens each. Per round, one engine per
-configuration in turn (each in a process of its own, one alive at a time: a float32
-1.5B engine takes about half of a 24 GiB machine), so the rounds interleave:
+configuration in turn (each in a process of its own, one alive at a time, so a large
+target's memory is freed between them), so the rounds interleave:
 
 - plain decoding;
 - vLLM's ``draft_model`` at k = 4;
@@ -34,7 +34,7 @@ from report import meta, ratio_cell, table, write_report
 from hetero_harness.prompts import held_out_questions
 
 TARGET, DRAFTER = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-SAMPLE_POOL = 40  # advise's sample is drawn from the first 40 Spec-Bench prompts
+SAMPLE_POOL = 40  # held out past the first 40 Spec-Bench prompts (advise's default sample: the first 13)
 K = 4
 CONFIGS: dict[str, dict[str, Any] | None] = {
     "plain": None,
@@ -53,13 +53,16 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
 
 def jobs(args: argparse.Namespace) -> list[tuple[str, int, dict[str, Any]]]:
     """(configuration, round, session job) in the order they run."""
-    from vllm_hetero_spec.advise.cli import engine_dtype, resolve_model
+    from vllm_hetero_spec.advise.cli import engine_dtype, parser, resolve_model
+    from vllm_hetero_spec.advise.prompts import as_chat
+    from vllm_hetero_spec.advise.session import base_job
 
-    prompts = [[{"role": "user", "content": q}] for q in held_out_questions(args.prompts, SAMPLE_POOL)]
+    advise = parser().parse_args(["--target", TARGET, "--drafters", DRAFTER])  # advise's engine settings
     drafter = str(resolve_model("--drafters", DRAFTER).folder)
-    base = {"target": str(resolve_model("--target", TARGET).folder), "dtype": engine_dtype("auto"),
-            "max_model_len": 2048, "seed": 0, "prompts": prompts, "max_tokens": args.max_tokens, "k": K,
-            "batch_sizes": [1], "temperatures": [0.0]}
+    prompts = as_chat(held_out_questions(args.prompts, SAMPLE_POOL))
+    base = base_job(str(resolve_model("--target", TARGET).folder), prompts,
+                    dtype=engine_dtype(advise.dtype), max_model_len=advise.max_model_len, seed=advise.seed,
+                    max_tokens=args.max_tokens, k=K, batch_sizes=[1], temperatures=[0.0])
     chosen = {label: CONFIGS[label] for label in CONFIGS if label in {"plain", "vLLM draft_model", *args.configs}}
     out = []
     for r in range(args.rounds):
@@ -86,14 +89,17 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         counters = [r["counters"] for r in mine if r.get("counters")]
         drafts = sum(c["num_drafts"] for c in counters)
         draft_tokens = sum(c["num_draft_tokens"] for c in counters)
+        accepted = [0.0] * K
+        for c in counters:
+            for j, n in enumerate(c["accepted_per_position"][:K]):
+                accepted[j] += n
         rows.append({
             "config": label, "tok_s": [tps[(label, n)] for n in rounds], "over_plain": over_plain,
             "over_draft_model": over_dm, "drafts": drafts, "draft_tokens": draft_tokens,
             "mean_draft_length": draft_tokens / drafts if drafts else None,
-            "acceptance_per_position": [statistics.mean(c["acceptance_per_position"][j] for c in counters)
-                                        for j in range(K)] if counters else None,
-            "mean_acceptance_length": (statistics.mean(c["mean_acceptance_length"] for c in counters)
-                                       if counters else None),
+            # Pooled over rounds (a round that never drafted adds nothing, and cannot divide by 0).
+            "acceptance_per_position": [a / drafts for a in accepted] if drafts else None,
+            "mean_acceptance_length": 1 + sum(c["num_accepted_tokens"] for c in counters) / drafts if drafts else None,
         })
     return rows
 
@@ -121,7 +127,7 @@ def main() -> None:
                          "counters": got.get("counters")})
     rows = summarize(runs)
     md = [f"{DRAFTER} drafting for {TARGET} (one vocabulary), {args.prompts} held-out Spec-Bench prompts, batch 1, "
-          f"T = 0, {args.max_tokens} tokens each, float32 on this machine; {args.rounds} rounds, each running every "
+          f"T = 0, {args.max_tokens} tokens each, {planned[0][2]['dtype']}; {args.rounds} rounds, each running every "
           "configuration once in turn (an engine per configuration and round). Speedup: tokens per second over the "
           "same round's plain decoding; vs draft_model: over the same round's vLLM draft_model; median "
           "[min-max] over rounds. Draft length: draft tokens per drafted step (vLLM's counters). "

@@ -400,11 +400,11 @@ MUTATIONS = [
         ("tests/drafter/test_slrs.py", "-k", "slices"),
     ),
     Mutation(
-        "advise-prefill-steps", "advise's step log counts a step someone joined or prefilled in as steady",
-        "vllm_hetero_spec/advise/step_log.py",
-        "steady = set(req_ids) <= set(last_ids) and all(s > 0 for s in sampled)",
-        "steady = True",
-        ("tests/advise/test_step_log.py",),
+        "prefill-steps-steady", "a step someone joined or prefilled in counts as steady (advise's log, the budget)",
+        "vllm_hetero_spec/policy/step_log.py",
+        "return set(req_ids) <= set(last_ids) and all(s > 0 for s in sampled)",
+        "return True",
+        ("tests/policy/test_step_log.py",),
     ),
     Mutation(
         "advise-no-prefill-share", "advise projects decode steps alone, as if a run had no prefill",

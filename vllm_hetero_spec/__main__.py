@@ -9,13 +9,13 @@ COMMANDS = ("advise",)
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in COMMANDS:
-        print("usage: python -m vllm_hetero_spec advise --target T --drafters a,b,c [--prompts my.jsonl] "
-              "[--batch-sizes 1,8] [--temperatures 0,1] [--out hetero.json]\n"
-              "       python -m vllm_hetero_spec advise --help", file=sys.stderr)
-        return 2
     from vllm_hetero_spec.advise.cli import main as advise
+    from vllm_hetero_spec.advise.cli import parser
 
+    if not argv or argv[0] not in COMMANDS:
+        print(parser().format_usage().rstrip(), "\n(python -m vllm_hetero_spec advise --help explains each option)",
+              file=sys.stderr)
+        return 2
     return advise(argv[1:])
 
 

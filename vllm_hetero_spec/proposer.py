@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from vllm.config import VllmConfig
 
-from vllm_hetero_spec.advise.step_log import StepLog
+from vllm_hetero_spec.policy.step_log import StepLog
 from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.placement.executors import DraftExecutor, make_executor
@@ -195,19 +195,21 @@ class HeteroProposer:
         if self.executor is not None and self._vllm_config.device_config.device.type != "cpu":
             self.executor.profile(num_tokens, num_rows)
 
-    def pin(self, rule: str | None, k: int) -> None:
-        """Draft every request with ``rule`` (one of ``auto``'s candidates; ``None``: keep
-        the rule choice) and exactly ``k`` tokens (0: none) from now on, and log each
+    def pin(self, rule: str, k: int) -> None:
+        """Draft every request with ``rule`` (one of ``auto``'s candidates) and exactly
+        ``k`` tokens (0: none) from now on, and log each
         step's timing. For ``advise``, which measures each rule and draft length on one
         engine rather than starting one per setting; verification is untouched, so every
         pinned setting is as lossless as the rule is."""
         if not 0 <= k <= self.k:
             raise ValueError(f"k must be in [0, {self.k}] (num_speculative_tokens), got {k}")
-        if rule is not None:
-            candidates = set(self.settings.auto_greedy) | set(self.settings.auto_sampled)
-            if self.rules is None or rule not in candidates:
-                raise ValueError(f"rule {rule!r} is not among this engine's auto candidates {sorted(candidates)}")
-            self.rules = RuleChooser((rule,), (rule,))
+        candidates = set(self.settings.auto_greedy) | set(self.settings.auto_sampled)
+        if self.rules is None:
+            raise ValueError(f"rule {rule!r}: this engine does not choose rules (algorithm "
+                             f"{self.settings.algorithm!r}); pinning needs algorithm auto")
+        if rule not in candidates:
+            raise ValueError(f"rule {rule!r} is not among this engine's auto candidates {sorted(candidates)}")
+        self.rules = RuleChooser((rule,), (rule,))
         self.budget = FixedBudget(k)
         self.step_log = StepLog()
 

@@ -83,7 +83,7 @@ def prepare(spec: dict[str, Any], target_model_config: Any) -> tuple[dict[str, A
         target_model_config.get_vocab_size(),
         settings.num_speculative_tokens,
     )
-    if bridge.id_map is not None and settings.id_map == "auto":
+    if bridge.active_id_map(settings.id_map) is not None:
         settings = _id_mapped_candidates(settings, spec)
         logger.info(
             "hetero spec: the vocabularies agree id for id (%d ids differ): the drafter reads the target's ids "

@@ -452,10 +452,14 @@ def _finalized(vllm_config: Any) -> None:
 SHARED_INDUCTOR_DIR = "inductor_shared"
 
 
-def shared_inductor_cache(aot_compilation_path: str) -> str:
+def shared_inductor_cache(aot_compilation_path: str) -> str | None:
     """The inductor cache every configuration shares: beside vLLM's compile caches, which
-    it places at ``<cache root>/torch_compile_cache/torch_aot_compile/<hash>/<rank>/model``."""
-    return str(Path(aot_compilation_path).parents[3] / SHARED_INDUCTOR_DIR)
+    it places at ``<cache root>/torch_compile_cache/torch_aot_compile/<hash>/<rank>/model``;
+    ``None`` for a path laid out otherwise, which keeps vLLM's own folder."""
+    path = Path(aot_compilation_path)
+    if len(path.parents) < 4 or path.parents[2].name != "torch_aot_compile":
+        return None
+    return str(path.parents[3] / SHARED_INDUCTOR_DIR)
 
 
 def _patch_shared_inductor_cache() -> None:
@@ -483,8 +487,9 @@ def _patch_shared_inductor_cache() -> None:
     @functools.wraps(original)
     def _try_load_aot_compiled_fn(model: Any, aot_compilation_path: str) -> Any:
         folder = shared_inductor_cache(aot_compilation_path)
-        os.makedirs(folder, exist_ok=True)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+        if folder is not None:
+            os.makedirs(folder, exist_ok=True)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
         return original(model, aot_compilation_path)
 
     patch(decorators, "_try_load_aot_compiled_fn", _try_load_aot_compiled_fn, _patch_shared_inductor_cache.__doc__)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_hetero_spec.advise.prompts import render, spec_bench_questions
+from vllm_hetero_spec.advise.prompts import as_chat, render, spec_bench_questions
 
 # Benchmarks' held-out prompts: Spec-Bench questions the tests and tuning never used, no
 # longer than this (longer ones make a batch-1 run prefill-bound).
@@ -21,7 +21,7 @@ def chat_prompts(tokenizer_path: str, questions: list[str]) -> list[str]:
     """Questions wrapped in the target's chat template when it has one."""
     from transformers import AutoTokenizer
 
-    return render([[{"role": "user", "content": q}] for q in questions], AutoTokenizer.from_pretrained(tokenizer_path))
+    return render(as_chat(questions), AutoTokenizer.from_pretrained(tokenizer_path))
 
 
 # Short texts that stress the vocabulary bridge: code, prose, CJK, emoji, accents and

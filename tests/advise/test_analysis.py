@@ -10,8 +10,8 @@ import math
 import pytest
 
 from vllm_hetero_spec.advise.analysis import (
-    DRAFT_MODEL, Option, best_per_setting, config_for, draft_model_options, hetero_options, plain_step, recommend,
-    sweep_costs)
+    DRAFT_MODEL, ConfigNames, Option, best_per_setting, config_for, draft_model_options, hetero_options, plain_step,
+    recommend, sweep_costs)
 from vllm_hetero_spec.advise.projection import StepCosts, best, group_steps, speedup
 from vllm_hetero_spec.advise.report import plot, table, verdict, write_json
 from vllm_hetero_spec.config import parse_settings
@@ -23,11 +23,11 @@ READING = 2.0  # a non-steady proposal: the drafter reading the prompts
 
 
 def _steps(b: int, k: int, target_s: float, propose_s: float, n: int = 9) -> list[dict]:
-    steady = [{"rows": b, "tokens": b * (k + 1), "k": k, "target_s": target_s, "propose_s": propose_s,
-               "steady": True} for _ in range(n)]
+    steady = [{"rows": b, "tokens": b * (k + 1), "target_s": target_s, "propose_s": propose_s, "steady": True}
+              for _ in range(n)]
     # a prefill step (not steady) and a tail step (fewer rows): neither may count as a steady step
-    return steady + [{"rows": b, "tokens": 300, "k": k, "target_s": 5.0, "propose_s": READING, "steady": False},
-                     {"rows": max(b - 1, 1), "tokens": 1, "k": k, "target_s": 0.01, "propose_s": 0.0, "steady": True}]
+    return steady + [{"rows": b, "tokens": 300, "target_s": 5.0, "propose_s": READING, "steady": False},
+                     {"rows": max(b - 1, 1), "tokens": 1, "target_s": 0.01, "propose_s": 0.0, "steady": True}]
 
 
 def _target_s(b: int, k: int) -> float:
@@ -48,7 +48,6 @@ def _hetero(acceptance: dict[str, list[float]], dearer: dict[str, float] | None 
             drafts = 100.0
             runs.append({"rule": rule, "T": 0.0, "b": b, "wall": 10.0, "lengths": [64] * 8,
                          "counters": {"num_drafts": drafts, "accepted_per_position": [a * drafts for a in acc]},
-                         "stats": {"steps": 50, "draft_s": 1.0},
                          "steps": _steps(b, K, _target_s(b, K), HOST + K * _per_position(b, dearer.get(rule, 1.0)))})
     return {"kind": "hetero", "sweep": sweep, "runs": runs}
 
@@ -110,13 +109,14 @@ def test_the_recommendation_is_a_config_the_plugin_takes(tmp_path) -> None:
                              PLAIN, K)
     options += hetero_options("weak", _hetero({"slem": [0.2, 0.0, 0.0, 0.0], "tli": [0.1, 0, 0, 0]}, {"slem": 5.0}),
                               PLAIN, K)
-    rec = recommend(options, {"small": "/m/small", "weak": "/m/weak"})
+    rec = recommend(options, {"small": ConfigNames("small", "/m/small"), "weak": ConfigNames("weak", "/m/weak")})
     assert rec.drafter == "small" and rec.method == "hetero"
     assert {c["drafter"] for c in rec.configs} == {"small", "weak"}
     (tmp_path / "config.json").write_text("{}")
     settings, _ = parse_settings({**rec.config, "model": str(tmp_path)})
     assert settings.num_speculative_tokens == max(o.k for o in rec.per_setting.values()) >= 1
-    assert "Use small with vllm_hetero_spec" in verdict(rec)
+    assert rec.config["model"] == "small"  # ours takes the short name; vLLM's draft_model the folder
+    assert f"Use small with vllm_hetero_spec (algorithm {rec.config['algorithm']}" in verdict(rec)
 
 
 def _option(rule: str, t: float, b: int, k: int, projected: float) -> Option:
@@ -125,7 +125,7 @@ def _option(rule: str, t: float, b: int, k: int, projected: float) -> Option:
 
 def test_one_rule_at_one_k_everywhere_is_written_as_exactly_that() -> None:
     options = [_option("slem", 0.0, b, 3, 1.3) for b in (1, 8)] + [_option("tli", 0.0, b, 3, 1.1) for b in (1, 8)]
-    config = config_for(options, "d", "hetero", "/m/d", best_per_setting(options, "d", "hetero"))
+    config = config_for(options, "d", "hetero", ConfigNames("d", "/m/d"), best_per_setting(options, "d", "hetero"))
     assert config == {"method": "hetero", "model": "d", "num_speculative_tokens": 3, "draft_budget": "fixed",
                       "algorithm": "slem"}
 
@@ -133,7 +133,7 @@ def test_one_rule_at_one_k_everywhere_is_written_as_exactly_that() -> None:
 def test_a_drafter_that_never_pays_keeps_the_adaptive_budget() -> None:
     """Its own config (for a user bound to it) must not pin a k its settings all refused."""
     options = [_option("slem", 0.0, b, 0, 1.0) for b in (1, 8)]
-    config = config_for(options, "d", "hetero", "/m/d", best_per_setting(options, "d", "hetero"))
+    config = config_for(options, "d", "hetero", ConfigNames("d", "/m/d"), best_per_setting(options, "d", "hetero"))
     assert config == {"method": "hetero", "model": "d", "num_speculative_tokens": 1, "algorithm": "slem"}
 
 
@@ -143,7 +143,7 @@ def test_settings_that_disagree_get_auto_and_the_adaptive_budget() -> None:
     options = [_option("slem", 0.0, 1, 3, 1.5), _option("tli", 0.0, 1, 2, 1.2),
                _option("slem", 0.0, 8, 1, 1.01), _option("tli", 0.0, 8, 1, 1.05),
                _option("tli", 1.0, 1, 2, 1.2), _option("slrs", 1.0, 1, 1, 1.1)]
-    config = config_for(options, "d", "hetero", "/m/d", best_per_setting(options, "d", "hetero"))
+    config = config_for(options, "d", "hetero", ConfigNames("d", "/m/d"), best_per_setting(options, "d", "hetero"))
     assert config == {"method": "hetero", "model": "d", "num_speculative_tokens": 3, "algorithm": "auto",
                       "auto_greedy": ["slem", "tli"], "auto_sampled": ["tli", "slrs"]}
 
@@ -154,7 +154,7 @@ def test_vllm_draft_model_is_recommended_when_it_is_faster() -> None:
         {"T": 0.0, "b": b, "rule": None, "wall": _plain_run(b)["wall"] / 4, "lengths": [64] * 8,
          "counters": {"num_drafts": 10.0, "accepted_per_position": [9.0, 8.0, 7.0, 6.0]}} for b in PLAIN_STEP]}
     options += draft_model_options("small", fast, PLAIN, K)
-    rec = recommend(options, {"small": "/m/small"})
+    rec = recommend(options, {"small": ConfigNames("small", "/m/small")})
     assert rec.method == DRAFT_MODEL and rec.score == pytest.approx(4.0)
     assert rec.config == {"method": "draft_model", "model": "/m/small", "num_speculative_tokens": K}
     assert "vLLM's own draft_model" in verdict(rec)
@@ -162,14 +162,14 @@ def test_vllm_draft_model_is_recommended_when_it_is_faster() -> None:
 
 def test_plain_decoding_is_recommended_when_no_drafter_pays() -> None:
     options = hetero_options("weak", _hetero({"tli": [0.0] * K}), PLAIN, K)
-    rec = recommend(options, {"weak": "/m/weak"})
+    rec = recommend(options, {"weak": ConfigNames("weak", "/m/weak")})
     assert rec.config is None and rec.score == 1.0 and all(o.k == 0 for o in options)
     assert verdict(rec).startswith("Plain decoding")
 
 
 def test_table_plot_and_json(tmp_path) -> None:
     options = hetero_options("small", _hetero({"slem": [0.8, 0.6, 0.4, 0.3]}), PLAIN, K)
-    rec = recommend(options, {"small": "/m/small"})
+    rec = recommend(options, {"small": ConfigNames("small", "/m/small")})
     md = table(options)
     assert md.count("\n") == 2 and "| small | slem | 0 | 0.80 0.60 0.40 0.30 | 3.10 |" in md
     path = plot(options, ["small"], tmp_path / "a.png")

@@ -140,6 +140,10 @@ def test_every_configuration_compiles_into_one_shared_inductor_cache(monkeypatch
         folders.append(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     assert folders == [str(tmp_path / "torch_compile_cache" / "inductor_shared")] * 2
     assert Path(folders[0]).is_dir()
+    # A path in another layout (a later vLLM's) keeps the folder vLLM set.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "theirs"))
+    assert decorators._try_load_aot_compiled_fn(model, str(tmp_path / "model")) is None
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "theirs")
 
 
 def test_a_hetero_engine_compiles_its_target_under_the_plain_engines_key(smollm2: str) -> None:

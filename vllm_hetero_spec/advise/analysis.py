@@ -146,7 +146,9 @@ def hetero_options(drafter: str, hetero: dict[str, Any], plain: dict[str, Any], 
             target, host, per_position = by_b[b]
             plain_run = _plain(plain, t, b)
             unit = plain_step(plain_run, b)
-            propose = _median_step(run["steps"], b, k_max, "propose_s") or host + per_position * k_max
+            propose = _median_step(run["steps"], b, k_max, "propose_s")
+            if propose is None:
+                propose = host + per_position * k_max
             reading = sum(max(s["propose_s"] - propose, 0.0) for s in run["steps"] if not s["steady"])
             costs = StepCosts({k: v / unit for k, v in target.items()}, max(propose - host, 0.0) / k_max / unit,
                               host / unit, plain_run["wall_first"] / plain_run["wall"], reading / plain_run["wall"])
@@ -208,17 +210,30 @@ def _rule_order(options: list[Option], drafter: str, greedy: bool) -> list[str]:
     return sorted(by_rule, key=lambda r: -geometric_mean(by_rule[r]))
 
 
-def config_for(options: list[Option], drafter: str, method: str, model: str,
+@dataclass(frozen=True)
+class ConfigNames:
+    """How a config names a drafter: ours takes a set-up short name or a folder, vLLM's
+    ``draft_model`` needs the folder."""
+
+    hetero: str
+    draft_model: str
+
+
+def config_for(options: list[Option], drafter: str, method: str, names: ConfigNames,
                per: dict[tuple[float, int], Option]) -> dict[str, Any]:
-    """The speculative config of one (drafter, method). Where every setting favours the
-    same rule and the same k, exactly that (``draft_budget: fixed``): what was measured,
-    without ``auto``'s comparisons or the budget's probes, which cost steps of their own.
-    Otherwise ``auto`` with each kind's rules fastest first, and the adaptive budget up
-    to the longest k any setting favours (it drafts less, or nothing, where that pays)."""
+    """The speculative config of one (drafter, method), as close to what was measured
+    as a config can say, decided in two independent parts:
+
+    - the draft length: where every setting favours the same k (above 0), exactly that
+      (``draft_budget: fixed``), without the budget's probes, which cost steps of their
+      own; otherwise the adaptive budget up to the longest k any setting favours (it
+      drafts less, or nothing, where that pays);
+    - the rule: where every setting favours the same rule, that rule; otherwise ``auto``
+      with each kind's rules fastest first."""
     k = max(max(o.k for o in per.values()), 1)
     if method == DRAFT_MODEL:
-        return {"method": "draft_model", "model": model, "num_speculative_tokens": k}
-    config: dict[str, Any] = {"method": "hetero", "model": drafter, "num_speculative_tokens": k}
+        return {"method": "draft_model", "model": names.draft_model, "num_speculative_tokens": k}
+    config: dict[str, Any] = {"method": "hetero", "model": names.hetero, "num_speculative_tokens": k}
     rules, ks = {o.rule for o in per.values()}, {o.k for o in per.values()}
     if len(ks) == 1 and 0 not in ks:
         config["draft_budget"] = "fixed"
@@ -232,17 +247,16 @@ def config_for(options: list[Option], drafter: str, method: str, model: str,
     return config
 
 
-def recommend(options: list[Option], drafter_configs: dict[str, str]) -> Recommendation:
-    """The fastest (drafter, method); ``drafter_configs`` maps each drafter as the user
-    named it to what a config names it by (our configs accept set-up short names,
-    vLLM's ``draft_model`` needs the folder)."""
+def recommend(options: list[Option], names: dict[str, ConfigNames]) -> Recommendation:
+    """The fastest (drafter, method); ``names`` maps each drafter as the user named it
+    to what a config names it by."""
     choices = []
-    for drafter, model in drafter_configs.items():
+    for drafter, named in names.items():
         for method in ("hetero", DRAFT_MODEL):
             per = best_per_setting(options, drafter, method)
             if per:
                 score = geometric_mean([o.projected for o in per.values()])
-                choices.append((score, drafter, method, per, config_for(options, drafter, method, model, per)))
+                choices.append((score, drafter, method, per, config_for(options, drafter, method, named, per)))
     if not choices:
         raise AdviseError("nothing was measured")
     configs = [{"drafter": d, "method": m, "geomean_speedup": s, "config": c} for s, d, m, _, c in choices]

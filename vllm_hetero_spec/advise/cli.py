@@ -24,17 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_hetero_spec.advise.analysis import AdviseError, draft_model_options, hetero_options, recommend
+from vllm_hetero_spec.advise.analysis import AdviseError, ConfigNames, draft_model_options, hetero_options, recommend
 from vllm_hetero_spec.advise.prompts import BUILT_IN, PromptError, load_prompts
 from vllm_hetero_spec.advise.report import plot, table, verdict, write_json
-from vllm_hetero_spec.advise.session import PROGRESS, planned_calls
+from vllm_hetero_spec.advise.session import PROGRESS, base_job, planned_calls
 from vllm_hetero_spec.config import LOSSLESS_RULES, HeteroSettings
-from vllm_hetero_spec.model_store import set_up_model
+from vllm_hetero_spec.model_store import SHORT_NAMES, resolve, set_up_model
 
 #: Bytes per weight by dtype name (the engine's, not the checkpoint's).
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
-SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                     "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
 #: The KV cache an engine gets on a CPU where the user set none: vLLM's CPU backend
 #: otherwise reserves a share of the machine's memory (``gpu_memory_utilization``) that
 #: a machine with anything else running refuses at start-up.
@@ -51,24 +49,25 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class Model:
-    """A model as the user named it and the folder it resolved to."""
+    """A model as the user named it, the folder it resolved to, and how a config written
+    for it names it: the short name where set-up's model is what it resolved to, else
+    the absolute folder (a relative one breaks once the config is used elsewhere)."""
 
     name: str
     folder: Path
+    config_name: str
 
 
 def resolve_model(flag: str, name: str) -> Model:
-    """A folder with a ``config.json``, or a short name set-up has built."""
-    folder = set_up_model(name)
-    if folder is None:
-        path = Path(name).expanduser()
-        if (path / "config.json").is_file():
-            folder = path.resolve()
-    if folder is None:
+    """A folder with a ``config.json``, or a short name set-up has built (in the
+    plugin's order: ``model_store.resolve``)."""
+    found = resolve(name)
+    if found is None:
         raise InputError(f"{flag} {name!r}: neither a model folder (with config.json) nor a model set-up has built; "
                          f"pass a folder, or build the short name first with `bash scripts/setup.sh {name}` "
-                         "(smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b)")
-    return Model(name, folder)
+                         f"({', '.join(SHORT_NAMES)})")
+    folder = found.resolve()
+    return Model(name, folder, name if found == set_up_model(name) else str(folder))
 
 
 def parameters(folder: Path) -> int:
@@ -129,23 +128,15 @@ def vocabulary_relation(target: Path, drafter: Path) -> tuple[bool, bool]:
     return bridge.same_vocab and sizes[0] == sizes[1], bridge.id_map is not None
 
 
-def _ints(flag: str, text: str, minimum: int) -> list[int]:
+def _numbers(flag: str, text: str, cast: type, minimum: int, example: str) -> list:
+    """``text``'s comma-separated values as ``cast`` (int or float), sorted, once each."""
+    kind = "integers" if cast is int else "numbers"
     try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
+        values = sorted({cast(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise InputError(f"{flag} {text!r}: expected integers separated by commas, e.g. 1,8") from None
+        raise InputError(f"{flag} {text!r}: expected {kind} separated by commas, e.g. {example}") from None
     if not values or values[0] < minimum:
-        raise InputError(f"{flag} {text!r}: expected integers >= {minimum}, e.g. 1,8")
-    return values
-
-
-def _floats(flag: str, text: str) -> list[float]:
-    try:
-        values = sorted({float(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise InputError(f"{flag} {text!r}: expected numbers separated by commas, e.g. 0,1") from None
-    if not values or values[0] < 0:
-        raise InputError(f"{flag} {text!r}: expected temperatures >= 0, e.g. 0,1")
+        raise InputError(f"{flag} {text!r}: expected {kind} >= {minimum}, e.g. {example}")
     return values
 
 
@@ -221,32 +212,36 @@ class Plan:
 def plan(args: argparse.Namespace, available: tuple[int, str] | None = None) -> Plan:
     """Check the arguments and lay out the engines to run (raises :class:`InputError`)."""
     target = resolve_model("--target", args.target)
-    names = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    names = list(dict.fromkeys(d.strip() for d in args.drafters.split(",") if d.strip()))
     if not names:
         raise InputError("--drafters is empty; name at least one draft model, e.g. smollm2-135m")
+    if "plain" in names:
+        raise InputError("--drafters 'plain': plain decoding is always measured; name draft models only "
+                         "(a folder called plain: ./plain)")
     drafters = [resolve_model("--drafters", d) for d in names]
     for flag, value, low in (("--num-prompts", args.num_prompts, 1), ("--max-tokens", args.max_tokens, 2),
                              ("--k", args.k, 1), ("--sweep-tokens", args.sweep_tokens, 2)):
         if value < low:
             raise InputError(f"{flag} {value}: must be at least {low}")
-    sizes = _ints("--batch-sizes", args.batch_sizes, 1)
-    temps = _floats("--temperatures", args.temperatures)
+    sizes = _numbers("--batch-sizes", args.batch_sizes, int, 1, "1,8")
+    temps = _numbers("--temperatures", args.temperatures, float, 0, "0,1")
     rules_per_temperature(args.rules, temps)  # a bad --rules fails before any model is read
     try:
         prompts = load_prompts(args.prompts, args.num_prompts)
     except PromptError as err:
         raise InputError(str(err)) from None
+    if sizes[-1] > len(prompts):
+        raise InputError(f"--batch-sizes {args.batch_sizes!r}: batch {sizes[-1]} needs at least {sizes[-1]} prompts, "
+                         f"and --prompts gives {len(prompts)}; add prompts or lower the batch size")
     dtype = engine_dtype(args.dtype)
     check_fits(target, drafters, dtype, available or available_memory())
-    base = {"target": str(target.folder), "dtype": dtype, "max_model_len": args.max_model_len, "seed": args.seed,
-            "prompts": prompts, "batch_sizes": sizes, "temperatures": temps, "max_tokens": args.max_tokens,
-            "k": args.k, "sweep_tokens": args.sweep_tokens,
-            "sweep_ks": sorted({0, 1, 2, 4, args.k} & set(range(args.k + 1)))}
+    base = {**base_job(str(target.folder), prompts, dtype=dtype, max_model_len=args.max_model_len, seed=args.seed,
+                       max_tokens=args.max_tokens, k=args.k, batch_sizes=sizes, temperatures=temps),
+            "sweep_tokens": args.sweep_tokens, "sweep_ks": sorted({0, 1, 2, 4, args.k} & set(range(args.k + 1)))}
     jobs: list[tuple[str, str | None, dict[str, Any]]] = [("plain", None, {**base, "kind": "plain", "drafter": None})]
     for d in drafters:
-        named = d.name if set_up_model(d.name) else str(d.folder)
         same, id_mapped = vocabulary_relation(target.folder, d.folder)
-        jobs.append((d.name, d.name, {**base, "kind": "hetero", "drafter": named,
+        jobs.append((d.name, d.name, {**base, "kind": "hetero", "drafter": d.config_name,
                                       "rules": rules_per_temperature(args.rules, temps, id_mapped)}))
         if not args.no_draft_model and same:
             jobs.append((f"{d.name} (vLLM draft_model)", d.name, {**base, "kind": "draft_model", "drafter": str(d.folder)}))
@@ -328,14 +323,14 @@ def main(argv: list[str] | None = None) -> int:
             if label in measured:
                 fn = draft_model_options if job["kind"] == "draft_model" else hetero_options
                 options += fn(drafter, measured[label], measured["plain"], args.k)
-        rec = recommend(options, {d.name: str(d.folder) for d in p.drafters})
+        rec = recommend(options, {d.name: ConfigNames(d.config_name, str(d.folder)) for d in p.drafters})
     except AdviseError as err:
-        print(f"advise: {err} (the measurements: {p.results / 'advise.log'})", file=sys.stderr)
+        print(f"advise: {err} (the measurements: {log})", file=sys.stderr)
         return 1
-    md = table(options)
+    md, says = table(options), verdict(rec)
     print(md)
-    print(verdict(rec))
-    (p.results / "advise.md").write_text(f"# advise: {p.target.name}\n\n{md}\n\n{verdict(rec)}\n")
+    print(says)
+    (p.results / "advise.md").write_text(f"# advise: {p.target.name}\n\n{md}\n\n{says}\n")
     picture = plot(options, [d.name for d in p.drafters], p.results / "advise.png")
     meta = {"target": p.target.name, "drafters": [d.name for d in p.drafters], "args": vars(args),
             "measured": measured}

@@ -2,14 +2,14 @@
 
 A plain decoding step costs 1 (the unit). A speculative step that drafts ``k`` tokens
 costs ``v(k)`` -- the target at ``k + 1`` positions per request, the rejection sampler,
-bookkeeping -- plus ``k * f`` draft forwards of ``c`` each (``f``: forwards per drafted
-position, above 1 for the string-level rules' re-tokenized drafts) and ``h``, the
+bookkeeping -- plus ``k`` draft positions of ``c`` each (a rule's own cost per position:
+the string-level rules' re-tokenized drafts cost more than one forward) and ``h``, the
 bridge and the proposer's host work. It emits ``E(k) = 1 + r_1 + ... + r_k`` tokens per
 request, ``r_i`` the share of steps whose position ``i`` was accepted (vLLM's
 per-position counters are cumulative: position ``i`` counts only when ``1..i-1`` did).
 A run's prefill costs the same either way, except that the drafter reads each prompt
 too: with ``p`` the prefill's share of a plain run and ``x`` the drafter's reading, in
-the same units, the speedup is ``1 / (p + x + (1 - p) * (v(k) + k f c + h) / E(k))``.
+the same units, the speedup is ``1 / (p + x + (1 - p) * (v(k) + k c + h) / E(k))``.
 
 A request of ``L`` tokens takes ``L - 1`` plain decode steps but, drafting, about
 ``(L - 1) / E(k)`` -- about, because its last step emits only what is left. Where the
@@ -34,7 +34,7 @@ class StepCosts:
 
     Attributes:
         verify: per draft length ``k``, ``v(k)``: a speculative step without drafting.
-        draft_forward: ``c``: one draft forward for the whole batch.
+        draft_forward: ``c``: one draft position for the whole batch.
         host: ``h``: per drafting step, the bridge and the proposer's host work.
         prefill_share: ``p``: the share of a plain run spent outside decode steps.
         prefill_extra: ``x``: what drafting adds outside decode steps (the drafter reading
@@ -80,8 +80,9 @@ def decode_steps(acceptance: Sequence[float], k: int, tokens: int) -> float:
 
 def group_steps(acceptance: Sequence[float], k: int, groups: Sequence[Sequence[int]]) -> float:
     """Expected decode steps drafting ``k`` for groups of requests run together (their
-    output lengths): each group until its longest request ends."""
-    return sum(max(decode_steps(acceptance, k, n - 1) for n in g) for g in groups)
+    output lengths): each group until its longest request ends (expected steps grow
+    with the tokens to emit, so the longest request's count is the group's)."""
+    return sum(decode_steps(acceptance, k, max(g) - 1) for g in groups)
 
 
 def step_ratio(acceptance: Sequence[float], k: int, groups: Sequence[Sequence[int]] | None,
@@ -97,24 +98,24 @@ def step_ratio(acceptance: Sequence[float], k: int, groups: Sequence[Sequence[in
     return tail * group_steps(acceptance, k, groups) / plain if plain > 0 else 1.0
 
 
-def speedup(acceptance: Sequence[float], costs: StepCosts, k: int, forwards_per_position: float = 1.0,
-            groups: Sequence[Sequence[int]] | None = None, tail: float = 1.0) -> float:
+def speedup(acceptance: Sequence[float], costs: StepCosts, k: int, groups: Sequence[Sequence[int]] | None = None,
+            tail: float = 1.0) -> float:
     """The projected speedup over plain decoding of drafting ``k`` tokens every step
     (``groups``, ``tail``: see :func:`step_ratio`)."""
     if k == 0:
         return 1.0
-    step = costs.verify[k] + k * forwards_per_position * costs.draft_forward + costs.host
+    step = costs.verify[k] + k * costs.draft_forward + costs.host
     decode = step * step_ratio(acceptance, k, groups, tail)
     return 1.0 / (costs.prefill_share + costs.prefill_extra + (1.0 - costs.prefill_share) * decode)
 
 
-def best(acceptance: Sequence[float], costs: StepCosts, forwards_per_position: float = 1.0,
-         groups: Sequence[Sequence[int]] | None = None, tail: float = 1.0) -> Projection:
+def best(acceptance: Sequence[float], costs: StepCosts, groups: Sequence[Sequence[int]] | None = None,
+         tail: float = 1.0) -> Projection:
     """The draft length the measured costs favour (0, plain, when none pays), as the
     adaptive budget would settle on it."""
     by_k = {0: 1.0}
     for k in sorted(costs.verify):
         if 0 < k <= len(acceptance):
-            by_k[k] = speedup(acceptance, costs, k, forwards_per_position, groups, tail)
+            by_k[k] = speedup(acceptance, costs, k, groups, tail)
     k = max(by_k, key=lambda n: by_k[n])
     return Projection(k, by_k[k], by_k)

@@ -22,13 +22,13 @@ class PromptError(ValueError):
     """A prompt file ``advise`` cannot use, with what to fix."""
 
 
-def spec_bench_questions(n: int, per_category: int = 1, path: Path = SPEC_BENCH, first_round: int = 0) -> list[str]:
+def spec_bench_questions(n: int, path: Path = SPEC_BENCH, first_round: int = 0) -> list[str]:
     """First turns of Spec-Bench, round-robin over categories so a small ``n`` still
     mixes translation, summarization, QA, math, RAG, coding and writing: round ``r`` takes
-    each category's ``r``-th question (``per_category`` of them), starting at
-    ``first_round``. Acceptance differs several-fold between categories, so a sample of
-    whole rounds (13 prompts each) and a held-out set drawn from later rounds hold the
-    same mix, and what one measures carries over to the other."""
+    each category's ``r``-th question, starting at ``first_round``. Acceptance differs
+    several-fold between categories, so a sample of whole rounds (13 prompts each) and a
+    held-out set drawn from later rounds hold the same mix, and what one measures
+    carries over to the other."""
     by_cat: dict[str, list[str]] = {}
     with open(path) as f:
         for line in f:
@@ -39,10 +39,9 @@ def spec_bench_questions(n: int, per_category: int = 1, path: Path = SPEC_BENCH,
     while len(out) < n:
         added = False
         for qs in by_cat.values():
-            for q in qs[i * per_category : (i + 1) * per_category]:
-                if len(out) < n:
-                    out.append(q)
-                    added = True
+            if i < len(qs) and len(out) < n:
+                out.append(qs[i])
+                added = True
         if not added:
             break
         i += 1
@@ -53,6 +52,11 @@ def categories(path: Path = SPEC_BENCH) -> int:
     """How many categories a round of :func:`spec_bench_questions` spans."""
     with open(path) as f:
         return len({json.loads(line)["category"] for line in f})
+
+
+def as_chat(questions: list[str]) -> list[list[dict[str, str]]]:
+    """Each question as a one-turn chat (a user message)."""
+    return [[{"role": "user", "content": q}] for q in questions]
 
 
 def _row(line_no: int, row: Any) -> str | list[dict[str, str]]:
@@ -66,7 +70,7 @@ def _row(line_no: int, row: Any) -> str | list[dict[str, str]]:
             return messages
         turns = row.get("turns")
         if isinstance(turns, list) and turns and isinstance(turns[0], str):
-            return [{"role": "user", "content": turns[0]}]
+            return as_chat(turns[:1])[0]
     raise PromptError(f"line {line_no}: expected an object with a non-empty \"prompt\" string or a \"messages\" "
                       f"list of {{\"role\", \"content\"}} objects, got {json.dumps(row)[:80]}")
 
@@ -75,7 +79,7 @@ def load_prompts(source: str, n: int) -> list[str | list[dict[str, str]]]:
     """The first ``n`` prompts of ``source`` (a jsonl file, or a name in :data:`BUILT_IN`).
     A built-in set is sampled across its categories."""
     if source in BUILT_IN:
-        return [[{"role": "user", "content": q}] for q in spec_bench_questions(n, path=BUILT_IN[source])]
+        return as_chat(spec_bench_questions(n, path=BUILT_IN[source]))
     path = Path(source).expanduser()
     if not path.is_file():
         raise PromptError(f"--prompts {source}: no such file; pass a jsonl file of {{\"prompt\": ...}} or "

@@ -36,12 +36,16 @@ def table(options: list[Option]) -> str:
 
 
 def verdict(rec: Recommendation) -> str:
-    """One paragraph: what to run, and what it should gain."""
-    gains = ", ".join(f"T={t:g} b={b}: {o.projected:.2f}x" for (t, b), o in sorted(rec.per_setting.items()))
+    """One paragraph: what to run (the config as written), and what it should gain."""
     if rec.config is None:
         return (f"Plain decoding: no drafter measured here beats it (the best, geometric mean {rec.score:.2f}x). "
                 "No config written.")
-    what = "vLLM's own draft_model" if rec.method == DRAFT_MODEL else "vllm_hetero_spec (algorithm auto)"
+    if rec.method == DRAFT_MODEL:
+        what = "vLLM's own draft_model"
+    else:
+        fixed = ", a fixed k" if rec.config.get("draft_budget") == "fixed" else ""
+        what = f"vllm_hetero_spec (algorithm {rec.config['algorithm']}{fixed})"
+    gains = ", ".join(f"T={t:g} b={b}: {o.projected:.2f}x" for (t, b), o in sorted(rec.per_setting.items()))
     return f"Use {rec.drafter} with {what}: {rec.score:.2f}x plain decoding (geometric mean; {gains})."
 
 
@@ -56,6 +60,7 @@ def plot(options: list[Option], drafters: list[str], path: Path) -> Path | None:
     except ImportError:
         return None
     temps = sorted({o.temperature for o in options})
+    ticks = sorted({o.batch for o in options})
     fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 3.8), squeeze=False)
     for ax, t in zip(axes[0], temps):
         for drafter in drafters:
@@ -67,7 +72,6 @@ def plot(options: list[Option], drafters: list[str], path: Path) -> Path | None:
                     ax.plot(sizes, [per[b].projected for b in sizes], marker="o", label=label)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xscale("log", base=2)
-        ticks = sorted({o.batch for o in options})
         ax.set_xticks(ticks, [str(b) for b in ticks])
         ax.set_xlabel("batch size")
         ax.set_ylabel("projected speedup over plain")

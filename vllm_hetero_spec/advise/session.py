@@ -43,6 +43,14 @@ PROGRESS = "ADVISE-PROGRESS"
 WARMUP_TOKENS = 4
 
 
+def base_job(target: str, prompts: list, *, dtype: str, max_model_len: int, seed: int, max_tokens: int, k: int,
+             batch_sizes: list[int], temperatures: list[float]) -> dict[str, Any]:
+    """What every job carries, whatever its kind (the caller adds ``kind`` and the keys
+    of that kind)."""
+    return {"target": target, "prompts": prompts, "dtype": dtype, "max_model_len": max_model_len, "seed": seed,
+            "max_tokens": max_tokens, "k": k, "batch_sizes": batch_sizes, "temperatures": temperatures}
+
+
 def speculative_config(job: dict[str, Any]) -> dict[str, Any] | None:
     """The engine's ``speculative_config`` for ``job``."""
     if job["kind"] == "plain":
@@ -88,7 +96,6 @@ class Session:
         self.prompts = render(job["prompts"], self.llm.get_tokenizer())
         self.total = planned_calls(job)
         self.done = 0
-        self._stats: dict[str, float] = {}
 
     def tick(self) -> None:
         self.done += 1
@@ -110,16 +117,12 @@ class Session:
             lengths += [len(o.outputs[0].token_ids) for o in outputs]
         return time.perf_counter() - t0, lengths
 
-    def pin(self, rule: str | None, k: int) -> None:
+    def pin(self, rule: str, k: int) -> None:
         self.llm.collective_rpc("advise_pin", args=(rule, k))
 
-    def read(self) -> dict[str, Any]:
-        """The steps logged since the last read, and the drafter's counters over them."""
-        got = self.llm.collective_rpc("advise_read")[0]
-        stats = {key: float(v) for key, v in got["stats"].items() if isinstance(v, (int, float))}
-        delta = {key: v - self._stats.get(key, 0.0) for key, v in stats.items()}
-        self._stats = stats
-        return {"steps": got["steps"], "stats": delta}
+    def read(self) -> list[dict[str, Any]]:
+        """The steps the proposer logged since the last read."""
+        return self.llm.collective_rpc("advise_read")[0]
 
     def warm_up(self) -> None:
         """The first pass at a new shape is slow on a CPU (kernels built per shape): per
@@ -150,12 +153,13 @@ class Session:
             self.tick()
         if self.hetero:
             self.pin(rule, k)
-        before = {m.name: m for m in self.llm.get_metrics()}
+        counted = job["kind"] != "plain"
+        before = {m.name: m for m in self.llm.get_metrics()} if counted else {}
         run["wall"], run["lengths"] = self.generate(everything, b, t, job["max_tokens"])
-        if job["kind"] != "plain":
+        if counted:
             run["counters"] = spec_decode_delta(before, self.llm.get_metrics())
         if self.hetero:
-            run.update(self.read())
+            run["steps"] = self.read()
         self.tick()
         return run
 
@@ -171,8 +175,8 @@ class Session:
             for b in job["batch_sizes"]:
                 for k in job["sweep_ks"]:
                     self.pin(self._first_rule(), k)
-                    wall, _ = self.generate(list(range(b)), b, 0.0, job["sweep_tokens"])
-                    out["sweep"].append({"b": b, "k": k, "wall": wall, **self.read()})
+                    self.generate(list(range(b)), b, 0.0, job["sweep_tokens"])
+                    out["sweep"].append({"b": b, "k": k, "steps": self.read()})
                     self.tick()
         for t in job["temperatures"]:
             for rule in job["rules"][str(t)] if self.hetero else [None]:

@@ -72,7 +72,7 @@ class DraftEngine:
         self.bridge = VocabBridge.build(settings.draft_tokenizer, target_tokenizer, self.runtime.vocab_size, target_vocab)
         self.intersection = self.bridge.intersection.to(self.runtime.device)
         # Vocabularies that agree id for id: the drafter reads the target's ids as they are.
-        self.id_map = self.bridge.id_map if settings.id_map == "auto" else None
+        self.id_map = self.bridge.active_id_map(settings.id_map)
         self.target_vocab = target_vocab
         self.states: dict[str, RequestState] = {}
         # The unseeded requests' draft stream, drawn for all of them in one launch. Never

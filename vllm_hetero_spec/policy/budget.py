@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vllm_hetero_spec.policy.step_log import is_steady
+
 # k for the engine's first steps: small, because a long draft verified at a large batch
 # can cost several plain steps, and a short run (32 tokens at batch 8 is ~30 steps) cannot
 # pay that back; longer drafts are reached by the probes, one step up at a time.
@@ -354,12 +356,9 @@ class AdaptiveBudget:
             tri += seen
             acc, tri = self._request_counts(req_id, rule)
             self.per_request.setdefault(req_id, {})[rule] = (acc + won, tri + seen, self.step_index)
-        # A step is steady when nobody joined it (a newcomer's prefill would pass for
-        # verification cost) and nobody is prefilling; a request may have finished in it.
-        steady = set(req_ids) <= set(last.req_ids) and all(s > 0 for s in sampled)
         target_s = now - last.end
         self.allowance = self.explore_memory * self.allowance + self.explore_share * max(target_s + last.propose_s, 0.0)
-        if steady and target_s > 0:
+        if target_s > 0 and is_steady(req_ids, last.req_ids, sampled):
             self.target.add(last.tokens, target_s)
             if last.k > 0:
                 drafting = sum(1 for k in last.proposed.values() if k > 0)

@@ -73,6 +73,11 @@ class VocabBridge:
         id_map = IdMap.detect(d_enc.token_bytes, t_enc.token_bytes, d_enc.encode)
         return cls(d_tok, t_tok, inter, d_enc, t_enc, same, d_bytes, t_bytes, id_map)
 
+    def active_id_map(self, setting: str) -> IdMap | None:
+        """The id map the drafter reads the target's ids through under the ``id_map``
+        setting (``auto``: wherever the vocabularies agree id for id; ``off``: never)."""
+        return self.id_map if setting == "auto" else None
+
     @property
     def draft_prefix_ids(self) -> list[int]:
         """Ids the draft tokenizer puts before any text (e.g. Gemma's ``<bos>``)."""

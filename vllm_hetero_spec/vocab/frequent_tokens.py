@@ -1,14 +1,13 @@
 """A drafter's most frequent tokens, read from its tokenizer: the rows its output layer keeps
 under ``draft_head_tokens``.
 
-A drafter with a large vocabulary spends much of each forward on its output layer (one row
-per token: Qwen2.5's 151,936 rows are as many weights as its 0.5B model's other layers
-read per token), though most of those tokens are rarely drafted. Computing the logits
-over its ``n`` most frequent tokens only is FR-Spec's idea (Zhao et al., 2025). Which
+Computing a drafter's logits over its ``n`` most frequent tokens only (why:
+``drafter/runtime/draft_head.py``) is FR-Spec's idea (Zhao et al., 2025). Which
 tokens are frequent needs no corpus in a byte-level BPE tokenizer whose ids follow its
 merge order: a BPE merge is learned in order of pair frequency, so lower ids are the more
 frequent tokens. :func:`merge_ordered` checks that a tokenizer is such; one whose ids do
-not follow its merges (Gemma-3's) gives no such ranking, and keeps its whole head.
+not follow its merges (Gemma-3's) gives no such ranking, and the setting is refused for it
+at start-up.
 """
 
 from __future__ import annotations

@@ -102,7 +102,6 @@ class MappedTokens:
         self._ids = np.zeros(64, dtype=np.int64)
         self.n = 0
         self.n_committed = 0  # ids standing for committed target tokens; the rest are drafts
-        self.mismatches = 0  # re-tokenization's counter, which an id map never moves
 
     @property
     def ids(self) -> np.ndarray:

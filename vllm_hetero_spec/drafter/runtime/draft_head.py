@@ -1,8 +1,8 @@
 """The drafter's output layer over a subset of its vocabulary (``draft_head_tokens``).
 
 A drafter proposes mostly frequent tokens, yet its output layer computes a logit for every
-token, one weight row each: for Qwen2.5-0.5B's 151,936 rows that is as many weights per
-token as the rest of the model reads. :class:`DraftHead` keeps the rows of ``ids``
+token, one weight row each: with a large vocabulary, a share of each forward's weight
+reads comparable to the rest of a small model's. :class:`DraftHead` keeps the rows of ``ids``
 (``vocab/frequent_tokens.py`` picks them) as one contiguous matrix, copied once at load,
 and returns logits of the full width with ``-inf`` outside ``ids``. So every rule and
 strategy reads them unchanged: the drafter never samples a token outside ``ids`` (its
@@ -15,9 +15,9 @@ The matmul runs through vLLM's unquantized GEMM, as the drafter's own head does
 default (``default_unquantized_gemm``; the ROCm and FlashInfer kernels vLLM may pick
 instead are for the target's bf16 layers); the logits processor's soft cap and scale
 follow as in ``LogitsProcessor.forward``. A
-quantized head, or one sharded by tensor parallelism, keeps the model's own path: the
-drafter runs whole on one rank (``tp_group.py``), so only quantization can stop it, and
-:func:`draft_head` says why.
+quantized head keeps the model's own path, and :func:`draft_head` says why. So would one
+sharded by tensor parallelism, a guard only: the drafter runs whole on one rank
+(``tp_group.py``).
 """
 
 from __future__ import annotations

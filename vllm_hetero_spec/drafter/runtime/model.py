@@ -103,9 +103,12 @@ class DraftModelRuntime:
         where a subset was asked and cannot be had, a warning says why)."""
         if not self.cfg.head_tokens:
             return None
-        tokenizer = read_tokenizer(self.cfg.tokenizer or self.cfg.model) or {}
-        ids = to_device(head_ids(tokenizer, self.cfg.head_tokens, self.vocab_size).tolist(), torch.long, self.device)
-        head, why = draft_head(self.model, ids, self.vocab_size)
+        tokenizer = read_tokenizer(self.cfg.tokenizer or self.cfg.model)
+        if tokenizer is None:  # without its tokenizer.json the added tokens (end of turn) are unknown
+            head, why = None, "no tokenizer.json to rank its tokens and find its added ones"
+        else:
+            ids = head_ids(tokenizer, self.cfg.head_tokens, self.vocab_size).tolist()
+            head, why = draft_head(self.model, to_device(ids, torch.long, self.device), self.vocab_size)
         if head is None:
             logger.warning("hetero spec: draft_head_tokens: the drafter keeps its whole output layer: %s", why)
         return head

@@ -9,7 +9,6 @@ scoped change of one of its globals, restored on exit.
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,12 +35,6 @@ def tensor_parallel_group(group: Any) -> Iterator[None]:
         yield
     finally:
         parallel_state._TP = saved
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker_group(vllm_config: Any) -> Any | None:
@@ -80,6 +73,7 @@ def draft_tp_group(vllm_config: Any) -> Any:
     we create a world of one and use its TP group."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state
+    from vllm.utils.network_utils import get_open_port
 
     group = _worker_group(vllm_config)
     if group is not None:
@@ -92,7 +86,7 @@ def draft_tp_group(vllm_config: Any) -> Any:
         _set_torch_accelerator_to_noop()
     with set_current_vllm_config(vllm_config):
         parallel_state.init_distributed_environment(
-            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{_free_port()}", local_rank=0,
+            world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{get_open_port()}", local_rank=0,
             backend="gloo",
         )
         parallel_state.ensure_model_parallel_initialized(1, 1)

@@ -1,34 +1,43 @@
-"""Each proposal step's timing, as ``advise`` reads it from the proposer.
+"""Each proposal step's timing, and the one test of which steps time verification alone.
 
 The proposer runs once per engine step, between two verifications, so the time from the
 end of one proposal to the start of the next is the target's step (its forward over the
 rows and the drafts proposed, the rejection sampler, vLLM's bookkeeping), and a
-proposal's own span is the drafting. A step is *steady* when nobody joined the batch
-and nobody is prefilling -- the same test as the draft budget's (``policy/budget.py``),
-so a prefill never passes for the cost of verifying drafts. Every proposal is one
-engine step, so the log also counts the steps a run took.
+proposal's own span is the drafting. A step is *steady* (:func:`is_steady`) when that time
+is the cost of verifying what the last proposal sent, the figure both the draft budget
+(``budget.py``) and ``advise`` fit. Every proposal is one engine step, so the log also
+counts the steps a run took.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+
+
+def is_steady(req_ids: Sequence[str], last_ids: Sequence[str], sampled: Sequence[int]) -> bool:
+    """Whether the step that just ran for ``req_ids`` (``sampled[i]`` tokens out for row
+    ``i``, 0 while it is still prefilling), after a proposal for ``last_ids``, timed
+    verification alone: nobody joined (a newcomer's prefill would pass for verification
+    cost) and nobody is prefilling; a request may have finished in it."""
+    return set(req_ids) <= set(last_ids) and all(s > 0 for s in sampled)
 
 
 @dataclass(frozen=True)
 class StepTiming:
     """One step. ``tokens``: the positions the target verified (the rows plus the drafts
-    the previous proposal sent); ``k``: the longest draft this proposal sent."""
+    the previous proposal sent)."""
 
     rows: int
     tokens: int
-    k: int
     target_s: float
     propose_s: float
     steady: bool
 
 
 class StepLog:
-    """Collects :class:`StepTiming` records; the proposer calls :meth:`add` once a step."""
+    """Collects :class:`StepTiming` records; the proposer calls :meth:`add` once a step
+    while ``advise`` measures (``advise/probe.py``)."""
 
     def __init__(self) -> None:
         self.steps: list[StepTiming] = []
@@ -38,14 +47,12 @@ class StepLog:
         """A proposal that ran from ``start`` to ``end`` for ``req_ids``, after the
         target sampled ``sampled[i]`` tokens for row ``i`` (0: still prefilling), and
         sent ``proposed[i]`` drafts."""
-        k = max(proposed, default=0)
         if self._last is None:  # the first since a clear: its target step was not seen
-            self.steps.append(StepTiming(len(req_ids), 0, k, 0.0, end - start, False))
+            self.steps.append(StepTiming(len(req_ids), 0, 0.0, end - start, False))
         else:
             last_ids, drafted, last_end = self._last
-            steady = set(req_ids) <= set(last_ids) and all(s > 0 for s in sampled)
-            self.steps.append(StepTiming(len(req_ids), len(last_ids) + drafted, k, start - last_end, end - start,
-                                         steady))
+            self.steps.append(StepTiming(len(req_ids), len(last_ids) + drafted, start - last_end, end - start,
+                                         is_steady(req_ids, last_ids, sampled)))
         self._last = (list(req_ids), sum(proposed), end)
 
     def clear(self) -> None:

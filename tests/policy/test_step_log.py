@@ -3,7 +3,7 @@ verified, and which steps are steady (nobody joined, nobody prefilling)."""
 
 from __future__ import annotations
 
-from vllm_hetero_spec.advise.step_log import StepLog
+from vllm_hetero_spec.policy.step_log import StepLog
 
 
 def test_the_log_times_the_target_between_proposals_and_marks_steady_steps() -> None:
@@ -12,8 +12,8 @@ def test_the_log_times_the_target_between_proposals_and_marks_steady_steps() -> 
     log.add(1.1, 1.3, ["a", "b"], [2, 4], [3, 3])  # verified 2 rows + 6 drafts in 1.0 s
     log.add(2.0, 2.1, ["a", "b", "c"], [1, 1, 0], [2, 2, 0])  # c joined: not steady
     log.add(2.6, 2.6, ["a"], [3], [0])  # b and c finished: steady (nobody joined)
-    assert [(s.rows, s.tokens, s.k, s.steady) for s in log.steps] == [
-        (2, 0, 3, False), (2, 8, 3, True), (3, 8, 2, False), (1, 7, 0, True)]
+    assert [(s.rows, s.tokens, s.steady) for s in log.steps] == [
+        (2, 0, False), (2, 8, True), (3, 8, False), (1, 7, True)]
     assert [round(s.target_s, 6) for s in log.steps] == [0.0, 1.0, 0.7, 0.5]
     assert [round(s.propose_s, 6) for s in log.steps] == [0.1, 0.2, 0.1, 0.0]
     log.clear()
