@@ -7,7 +7,8 @@ whole rounds of one question per category, the held-out ones from later rounds),
 same batch sizes and temperatures:
 
 - each projected option as advise configured it: ours pinned to its rule and best k
-  (one engine per drafter), vLLM's ``draft_model`` with its config;
+  (one engine per drafter; a drafter's options projected at k = 0 share one run, as
+  nothing drafts), vLLM's ``draft_model`` with its config;
 - the config advise recommends, as written (``auto``, the adaptive budget);
 - plain decoding, before and after: plain [1] | every other engine [1, 2] | plain [2],
   each engine running its consecutive rounds in one process (one engine alive at a
@@ -103,8 +104,8 @@ def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argpar
     plain_rows = [{"T": t, "b": b} for t, b in settings]
     jobs = [("plain 1", {**base, "kind": "plain", "first_token": False, "pins": pins(plain_rows, rounds[:1])})]
     for drafter in advised["drafters"]:
-        ours = [{"rule": o["rule"], "T": o["temperature"], "b": o["batch"], "k": o["k"]}
-                for o in advised["options"] if o["drafter"] == drafter and o["rule"] != "draft_model"]
+        ours = distinct_runs([{"rule": o["rule"], "T": o["temperature"], "b": o["batch"], "k": o["k"]}
+                              for o in advised["options"] if o["drafter"] == drafter and o["rule"] != "draft_model"])
         rules = {str(t): sorted({p["rule"] for p in ours if p["T"] == t}) for t in base["temperatures"]}
         jobs.append((f"{drafter} (pinned)", {**base, "kind": "hetero", "drafter": drafter, "rules": rules,
                                              "pins": pins(ours, rounds)}))
@@ -121,12 +122,32 @@ def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argpar
     return jobs
 
 
-def speedups(measured: dict[str, dict[str, Any]], label: str, rule: str | None, t: float, b: int) -> list[float]:
-    """Per round, ``label``'s tokens per second at (``rule``, ``t``, ``b``) over plain's."""
+def distinct_runs(pins: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``pins`` with one run per distinct measurement: pinned to k = 0 the engine drafts
+    nothing whatever its rule, so the options of one drafter that ``advise`` projected
+    at k = 0 share one run per temperature and batch size (the first rule's pin)."""
+    seen: dict[tuple, dict[str, Any]] = {}
+    for p in pins:
+        seen.setdefault((p["T"], p["b"], p["k"], p["rule"] if p["k"] else None), p)
+    return list(seen.values())
+
+
+def speedups(measured: dict[str, dict[str, Any]], label: str, rule: str | None, t: float, b: int,
+             k: int | None = None) -> list[float]:
+    """Per round, ``label``'s tokens per second at (``rule``, ``t``, ``b``, ``k``) over
+    plain's; ``k`` = 0 takes the run of any rule (:func:`distinct_runs`)."""
     plain = {r["round"]: sum(r["lengths"]) / r["wall"] for m in ("plain 1", "plain 2") if m in measured
              for r in measured[m]["runs"] if r["T"] == t and r["b"] == b}
     return [sum(r["lengths"]) / r["wall"] / plain[r["round"]] for r in measured[label]["runs"]
-            if r["T"] == t and r["b"] == b and r.get("rule") == rule and r["round"] in plain]
+            if r["T"] == t and r["b"] == b and r["round"] in plain and _is_run_of(r, rule, k)]
+
+
+def _is_run_of(run: dict[str, Any], rule: str | None, k: int | None) -> bool:
+    """Whether ``run`` measured the option (``rule``, ``k``); ``k`` None: a config as
+    written, which pins nothing."""
+    if k is None:
+        return run.get("rule") == rule
+    return run.get("k") == k and (k == 0 or run.get("rule") == rule)
 
 
 def verdicts(advised: dict[str, Any], measured: dict[str, dict[str, Any]]) -> tuple[list[dict], list[dict]]:
@@ -136,7 +157,8 @@ def verdicts(advised: dict[str, Any], measured: dict[str, dict[str, Any]]) -> tu
     for o in advised["options"]:
         dm = o["rule"] == "draft_model"
         label = f"{o['drafter']} (vLLM draft_model)" if dm else f"{o['drafter']} (pinned)"
-        xs = speedups(measured, label, None if dm else o["rule"], o["temperature"], o["batch"])
+        rule, k = (None, None) if dm else (o["rule"], o["k"])
+        xs = speedups(measured, label, rule, o["temperature"], o["batch"], k)
         med = statistics.median(xs)
         ok = abs(o["projected"] / med - 1) <= TOLERANCE or min(xs) <= o["projected"] <= max(xs)
         rows.append({"drafter": o["drafter"], "rule": o["rule"], "T": o["temperature"], "b": o["batch"], "k": o["k"],

@@ -1,0 +1,40 @@
+"""``benchmarks/advise_check.py``'s bookkeeping: which runs the held-out check makes, and
+how each projected option finds its measured speedup. Pure Python, no engine."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:  # the scripts import their siblings
+    sys.path.insert(0, str(BENCHMARKS))
+
+import advise_check  # noqa: E402
+
+
+def _pin(rule: str, t: float, b: int, k: int) -> dict:
+    return {"rule": rule, "T": t, "b": b, "k": k}
+
+
+def test_options_projected_at_k0_share_one_run_and_drafting_ones_keep_theirs() -> None:
+    pins = [_pin("slem", 0.0, 1, 2), _pin("tli", 0.0, 1, 2), _pin("slem", 0.0, 8, 0), _pin("tli", 0.0, 8, 0),
+            _pin("slrs", 1.0, 1, 0), _pin("tli", 1.0, 1, 3)]
+    assert advise_check.distinct_runs(pins) == [pins[0], pins[1], pins[2], pins[4], pins[5]]
+
+
+def _run(rule: str | None, t: float, b: int, k: int | None, tokens_per_s: float, round_: int) -> dict:
+    return {"rule": rule, "T": t, "b": b, "k": k, "lengths": [tokens_per_s * 10], "wall": 10.0, "round": round_}
+
+
+def test_each_option_is_measured_against_its_own_rounds_plain_run() -> None:
+    measured = {
+        "plain 1": {"runs": [_run(None, 0.0, 8, None, 4.0, 0)]},
+        "plain 2": {"runs": [_run(None, 0.0, 8, None, 5.0, 1)]},
+        "d (pinned)": {"runs": [_run("slem", 0.0, 8, 0, 4.4, 0), _run("slem", 0.0, 8, 0, 4.5, 1),
+                                _run("tli", 0.0, 8, 2, 6.0, 0), _run("tli", 0.0, 8, 2, 7.5, 1)]},
+    }
+    assert advise_check.speedups(measured, "d (pinned)", "tli", 0.0, 8, 2) == [1.5, 1.5]
+    # tli projected at k = 0 reads the engine's one run drafting nothing, pinned to slem.
+    assert [round(x, 3) for x in advise_check.speedups(measured, "d (pinned)", "tli", 0.0, 8, 0)] == [1.1, 0.9]
+    assert advise_check.speedups(measured, "d (pinned)", "slrs", 1.0, 8, 0) == []  # never measured
