@@ -35,7 +35,7 @@ def spec_metadata(drafts: list[list[int]], device: str | torch.device = "cpu") -
         offset += n + 1
     i32 = dict(dtype=torch.int32, device=device)
     return SpecDecodeMetadata(
-        torch.tensor(sum(drafts, []), **i32), counts, torch.tensor(counts, **i32).cumsum(0, dtype=torch.int32),
+        torch.tensor([t for d in drafts for t in d], **i32), counts, torch.tensor(counts, **i32).cumsum(0, dtype=torch.int32),
         (torch.tensor(counts, **i32) + 1).cumsum(0, dtype=torch.int32), torch.tensor(target_idx, **i32),
         torch.tensor(bonus_idx, **i32), torch.arange(offset, **i32),
     )

@@ -1,8 +1,9 @@
 """One rank of ``test_tensor_parallel_drafts.py``'s two-rank group: the real proposer
 over a real ``GroupCoordinator`` (gloo, CPU), with a scripted draft model; writes what
-this rank verifies each step.
+this rank verifies each step, for each fault in turn (one process pair for all: each
+start imports vLLM).
 
-    python _tp_rank.py RANK PORT FAULT SMOLLM2 QWEN05 OUT
+    python _tp_rank.py RANK PORT SMOLLM2 QWEN05 OUT FAULT...
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -25,6 +25,7 @@ from vllm.distributed.parallel_state import GroupCoordinator  # noqa: E402
 from vllm_hetero_spec import proposer as proposer_module  # noqa: E402
 from vllm_hetero_spec.config import HeteroSettings  # noqa: E402
 from vllm_hetero_spec.drafter import engine as engine_module  # noqa: E402
+from vllm_hetero_spec.vocab.bridge import load_tokenizer  # noqa: E402
 
 STEPS = 3
 TOKEN = 1820  # a shared draft token, scripted at every position
@@ -43,13 +44,23 @@ class FaultyRuntime(ScriptedRuntime):
         return torch.nextafter(logits, torch.full_like(logits, float("inf"))) if self.fault == "last-bit" else logits
 
 
-def main(rank: int, port: int, fault: str, smollm2: str, qwen05: str, out: str) -> None:
+def main(rank: int, port: int, smollm2: str, qwen05: str, out: str, faults: list[str]) -> None:
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     group = GroupCoordinator([[0, 1]], local_rank=rank, torch_distributed_backend="gloo", use_device_communicator=False)
     FaultyRuntime.script, FaultyRuntime.confidence = [TOKEN], {0: 0.6, 1: 0.7, 2: 0.8}
-    FaultyRuntime.fault = fault if rank == 1 else ""
     engine_module.DraftModelRuntime = FaultyRuntime
     proposer_module._tp_group = lambda: group
+    results = {}
+    for fault in faults:
+        FaultyRuntime.fault = fault if rank == 1 else ""
+        results[fault] = _steps(smollm2, qwen05)
+    with open(out, "wb") as f:
+        pickle.dump(results, f)
+    torch.distributed.destroy_process_group()
+
+
+def _steps(smollm2: str, qwen05: str) -> dict:
+    """A fresh proposer's ``STEPS`` steps: what this rank verifies each step."""
     settings = HeteroSettings(algorithm="tli", draft_model=smollm2, draft_tokenizer=smollm2, num_speculative_tokens=3,
                               max_draft_tokens=3, draft_budget="fixed", draft_kv_pool_mb=64, draft_dtype="float32")
     prop = proposer_module.HeteroProposer(target_config(settings, qwen05))
@@ -58,7 +69,7 @@ def main(rank: int, port: int, fault: str, smollm2: str, qwen05: str, out: str) 
     requests = {"greedy": SamplingParams(temperature=0.0), "sampled": SamplingParams(temperature=1.0)}
     prop.attach_runner(SimpleNamespace(input_batch=SimpleNamespace(req_ids=order),
                                        requests={r: SimpleNamespace(sampling_params=p) for r, p in requests.items()}))
-    prompt = AutoTokenizer.from_pretrained(qwen05).encode("The quick brown fox jumps over the")
+    prompt = load_tokenizer(qwen05).encode("The quick brown fox jumps over the")
     seen = []
     for step in range(STEPS):
         tokens = np.array([prompt + [prompt[-1]] * step] * len(order))
@@ -67,11 +78,9 @@ def main(rank: int, port: int, fault: str, smollm2: str, qwen05: str, out: str) 
         q = None if plan is None or plan.q is None else (plan.q.probs.numpy().tobytes(), plan.q.support.tolist())
         seen.append({"proposals": proposals, "q": q, "q_index": None if plan is None else plan.q_index,
                      "force_reject": None if plan is None else plan.force_reject})
-    with open(out, "wb") as f:
-        pickle.dump({"steps": seen, "drafter": prop.executor is not None, "fallbacks": prop.stats.fallbacks,
-                     "budget_steps": prop.stats.budget_steps}, f)
-    torch.distributed.destroy_process_group()
+    return {"steps": seen, "drafter": prop.executor is not None, "fallbacks": prop.stats.fallbacks,
+            "budget_steps": prop.stats.budget_steps}
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], *sys.argv[4:])
+    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:6], sys.argv[6:])

@@ -18,20 +18,24 @@ from hetero_harness.server_process import free_port
 RANK = Path(__file__).with_name("_tp_rank.py")
 
 
-def _run_ranks(fault: str, smollm2: str, qwen05: str, tmp_path: Path) -> list[dict]:
-    port = free_port()
-    outs = [tmp_path / f"rank{r}.pkl" for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(RANK), str(r), str(port), fault, smollm2, qwen05, str(outs[r])],
+FAULTS = ["raise", "last-bit"]
+
+
+@pytest.fixture(scope="module")
+def ranks(smollm2: str, qwen05: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Each rank's steps per fault, from one process pair."""
+    port, folder = free_port(), tmp_path_factory.mktemp("tp")
+    outs = [folder / f"rank{r}.pkl" for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, str(RANK), str(r), str(port), smollm2, qwen05, str(outs[r]), *FAULTS],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(f"rank {r}: {log[-3000:]}" for r, log in enumerate(logs))
     return [pickle.loads(o.read_bytes()) for o in outs]
 
 
-@pytest.mark.parametrize("fault", ["raise", "last-bit"])
-def test_every_rank_verifies_rank_zeros_drafts_with_their_q(fault: str, smollm2: str, qwen05: str,
-                                                            tmp_path: Path) -> None:
-    rank0, rank1 = _run_ranks(fault, smollm2, qwen05, tmp_path)
+@pytest.mark.parametrize("fault", FAULTS)
+def test_every_rank_verifies_rank_zeros_drafts_with_their_q(fault: str, ranks: list[dict]) -> None:
+    rank0, rank1 = (r[fault] for r in ranks)
     assert rank0["fallbacks"] == 0 and rank0["drafter"]
     drafted = [s for s in rank0["steps"] if any(s["proposals"]) and s["q"] is not None]
     assert len(drafted) == len(rank0["steps"]), "rank 0 drafted, with q for its sampled request, every step"

@@ -97,40 +97,45 @@ def _build(seed: int) -> tuple[Batch, VerifyPlan, dict[int, torch.Generator]]:
     perm = torch.stack([made[rule]["perm"][i] for rule, i in where])
     temperature = [0.0 if rule == "greedy" else (0.8 if r % 3 == 0 else 1.0) for r, rule in enumerate(rules)]
 
-    groups = {"shared": ([], tli_support), "union": ([], torch.arange(V)), "slrs": ([], [])}
+    # Per group, the (rule, row, position) of each q row, in the order the batch meets them.
+    entries: dict[str, list[tuple[str, int, int]]] = {"shared": [], "union": [], "slrs": []}
     q_index: dict[str, list[tuple[str, int]]] = {}
     force_reject: dict[str, list[bool]] = {}
     drafts: list[list[int]] = []
+    host = {rule: {"num_draft": m["num_draft"].tolist(), "has_q": (m["q"].sum(-1) > 0).tolist(),
+                   "absent": m["absent"].tolist(), "drafts": m["drafts"].tolist()} for rule, m in made.items()}
     for r, (rule, i) in enumerate(where):
-        m, req, row = made[rule], f"r{r}", []
+        h, req, row = host[rule], f"r{r}", []
         group = "union" if rule == "union" else "slrs" if rule == "slrs" else "shared"
-        for j in range(int(m["num_draft"][i])):
-            q = m["q"][i, j]
-            if q.sum() > 0:
-                rows, support = groups[group]
-                q_index.setdefault(req, []).append((group, len(rows)))
-                if group == "shared":
-                    rows.append(q[tli_support])
-                elif group == "union":
-                    rows.append(q)
-                else:
-                    ids = q.nonzero().squeeze(1)
-                    rows.append(q[ids])
-                    support.append(ids)
+        for j in range(h["num_draft"][i]):
+            if h["has_q"][i][j]:
+                q_index.setdefault(req, []).append((group, len(entries[group])))
+                entries[group].append((rule, i, j))
             elif req in q_index:
                 q_index[req].append(("", -1))
-            if bool(m["absent"][i, j]):
+            if h["absent"][i][j]:
                 row.append(ABSENT_PLACEHOLDER)
                 force_reject[req] = [False] * j + [True]
                 break  # an absent draft ends union's block
-            row.append(int(m["drafts"][i, j]))
+            row.append(h["drafts"][i][j])
         drafts.append(row)
 
     parts, offsets = [], {}
-    for name, (rows, support) in groups.items():
+    for name, rows in entries.items():
         offsets[name] = sum(p.num_rows for p in parts)
-        if rows:
-            parts.append(DraftProbs(torch.stack(rows), torch.stack(support) if name == "slrs" else support))
+        if not rows:
+            continue
+        q = torch.empty(len(rows), V)
+        for rule in {e[0] for e in rows}:
+            at = [n for n, e in enumerate(rows) if e[0] == rule]
+            q[at] = made[rule]["q"][[rows[n][1] for n in at], [rows[n][2] for n in at]]
+        if name == "shared":
+            parts.append(DraftProbs(q[:, tli_support], tli_support))
+        elif name == "union":
+            parts.append(DraftProbs(q, torch.arange(V)))
+        else:
+            support = (q > 0).nonzero()[:, 1].view(len(rows), SLRS_SUPPORT)  # ascending per row
+            parts.append(DraftProbs(q.gather(1, support), support))
     plan = VerifyPlan(DraftProbs.cat(parts))  # narrow supports padded next to wide ones, as in a mixed step
     for req, entries in q_index.items():
         plan.q_index[req] = [offsets[g] + i if i >= 0 else -1 for g, i in entries]

@@ -5,10 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from transformers import AutoTokenizer
 
 from hetero_harness.prompts import BRIDGE_STRESS
-from vllm_hetero_spec.vocab.bridge import VocabBridge, text_encoder
+from vllm_hetero_spec.vocab.bridge import VocabBridge, load_tokenizer, text_encoder
 from vllm_hetero_spec.vocab.retokenize import (
     AlignedTokens,
     complete_utf8_prefix,
@@ -23,7 +22,7 @@ TEXTS = BRIDGE_STRESS + ["<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\
 
 @pytest.fixture(scope="module")
 def tokenizers(smollm2: str, gemma: str, qwen05: str) -> dict[str, object]:
-    return {name: AutoTokenizer.from_pretrained(path) for name, path in
+    return {name: load_tokenizer(path) for name, path in
             (("smollm2", smollm2), ("gemma", gemma), ("qwen", qwen05))}
 
 

@@ -63,12 +63,11 @@ class VocabBridge:
     @classmethod
     def load(cls, draft_tokenizer: str, target_tokenizer: str, draft_vocab: int, target_vocab: int) -> "VocabBridge":
         """:meth:`build`, uncached."""
-        d_tok = AutoTokenizer.from_pretrained(draft_tokenizer)
-        t_tok = AutoTokenizer.from_pretrained(target_tokenizer)
+        d_tok, t_tok = load_tokenizer(draft_tokenizer), load_tokenizer(target_tokenizer)
         d_bytes = token_bytes_table(d_tok, draft_vocab)
         t_bytes = token_bytes_table(t_tok, target_vocab)
         inter = VocabIntersection.build(d_bytes, t_bytes)
-        same = d_tok.get_vocab() == t_tok.get_vocab()
+        same = d_tok is t_tok or d_tok.get_vocab() == t_tok.get_vocab()
         d_enc, t_enc = text_encoder(d_tok, d_bytes), text_encoder(t_tok, t_bytes)
         id_map = IdMap.detect(d_enc.token_bytes, t_enc.token_bytes, d_enc.encode)
         return cls(d_tok, t_tok, inter, d_enc, t_enc, same, d_bytes, t_bytes, id_map)
@@ -87,6 +86,15 @@ class VocabBridge:
     def draft_eos_ids(self) -> set[int]:
         eos = self.draft_tokenizer.eos_token_id
         return {eos} if eos is not None else set()
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """``path``'s tokenizer, loaded once per process: bridges of one tokenizer at other
+    embedding sizes, and a process that checks several pairs (``advise``), share it.
+    Loading parses the whole ``tokenizer.json`` in Python, which for a large vocabulary
+    is most of a bridge's build. Nothing mutates a tokenizer after loading."""
+    return AutoTokenizer.from_pretrained(path)
 
 
 @lru_cache(maxsize=4)

@@ -38,11 +38,13 @@ def _byte_level_decoder() -> dict[str, int]:
 
 
 def _is_byte_level(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """True when the fast tokenizer's decoder is (or contains) a ByteLevel decoder."""
+    """True when the fast tokenizer's decoder is (or contains) a ByteLevel decoder. Reads
+    the decoder's own state, not the whole tokenizer's: serializing Gemma-3's 262k-entry
+    vocabulary just to find its decoder is slow."""
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
-    if backend is None:
+    if backend is None or backend.decoder is None:
         return False
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    decoder = json.loads(backend.decoder.__getstate__())
     kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", []) or []]
     return "ByteLevel" in kinds
 
