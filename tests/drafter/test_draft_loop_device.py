@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from transformers import AutoTokenizer
 
 from _device_traffic import DeviceTraffic, Traffic
 from _graph_config import graph_config
@@ -32,7 +31,7 @@ from vllm_hetero_spec.drafter.runtime.cuda_graphs import DraftGraphs
 from vllm_hetero_spec.drafter.runtime.draft_head import DraftHead
 from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool
 from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime, RuntimeConfig
-from vllm_hetero_spec.vocab.bridge import VocabBridge
+from vllm_hetero_spec.vocab.bridge import VocabBridge, load_tokenizer
 
 CUDA = torch.device("cuda")
 DRAFT_V, TARGET_V, K = 49152, 151936, 4
@@ -139,7 +138,7 @@ def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra, graph_siz
     monkeypatch.setattr(engine_module, "DraftModelRuntime", lambda cfg: rt)
     settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2,
                               num_speculative_tokens=K, max_draft_tokens=K, draft_budget="fixed", **extra)
-    prompt = AutoTokenizer.from_pretrained(qwen05).encode("def fibonacci(n):\n    return")
+    prompt = load_tokenizer(qwen05).encode("def fibonacci(n):\n    return")
     traffic, forwards = [], []
     forwards_by_head = []
     values = _host_values(bridge)
@@ -316,7 +315,7 @@ def test_profile_covers_a_top_p_steps_peak(monkeypatch, bridge, smollm2, qwen05,
     monkeypatch.setattr(engine_module, "DraftModelRuntime", lambda cfg: rt)
     settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2,
                               num_speculative_tokens=K, max_draft_tokens=K, draft_budget="fixed")
-    prompt = AutoTokenizer.from_pretrained(qwen05).encode("def fibonacci(n):\n    return")
+    prompt = load_tokenizer(qwen05).encode("def fibonacci(n):\n    return")
     top_p = [RequestParams(1.0, top_p=0.9)] * rows
     req_ids = [f"r{i}" for i in range(rows)]
     values = _host_values(bridge)

@@ -10,11 +10,11 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from vllm_hetero_spec.config import HeteroConfigError, HeteroSettings, parse_settings
 from vllm_hetero_spec.drafter.engine import DraftEngine
 from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch, StepDrafts
+from vllm_hetero_spec.vocab.bridge import load_tokenizer
 from hetero_harness.prompts import BRIDGE_STRESS
 
 TARGET_VOCAB = 151936
@@ -37,7 +37,7 @@ def engine(smollm2: str, qwen05: str) -> DraftEngine:
 
 @pytest.fixture(scope="module")
 def prompts(qwen05: str) -> list[np.ndarray]:
-    tok = AutoTokenizer.from_pretrained(qwen05)
+    tok = load_tokenizer(qwen05)
     return [np.array(tok.encode(p), dtype=np.int32) for p in BRIDGE_STRESS[: len(ROWS)]]
 
 

@@ -15,12 +15,12 @@ import gc
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer
 
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.engine import DraftEngine
 from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
 from vllm_hetero_spec.drafter.placement.pipeline import PipelinedDrafter, branch_count
+from vllm_hetero_spec.vocab.bridge import load_tokenizer
 from hetero_harness.prompts import BRIDGE_STRESS
 
 TARGET_VOCAB = 151936
@@ -66,7 +66,7 @@ PARAMS = {"greedy": RequestParams(), "seeded": RequestParams(temperature=1.0, se
 
 @pytest.fixture(scope="module")
 def prompts(qwen05: str) -> list[np.ndarray]:
-    tok = AutoTokenizer.from_pretrained(qwen05)
+    tok = load_tokenizer(qwen05)
     return [np.array(tok.encode(p), dtype=np.int32) for p in BRIDGE_STRESS[:4]]
 
 

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer
 from vllm import SamplingParams
 from vllm.config import CompilationConfig
 
@@ -23,7 +22,7 @@ from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.messages import RequestParams
 from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool, PagedCache
 from vllm_hetero_spec.drafter.strategies.mapped_sampling import ABSENT_PLACEHOLDER
-from vllm_hetero_spec.vocab.bridge import VocabBridge
+from vllm_hetero_spec.vocab.bridge import VocabBridge, load_tokenizer
 
 K = 4
 
@@ -118,7 +117,7 @@ def _attach(prop, requests: dict[str, SamplingParams], order: list[str]) -> None
 
 
 def _propose(prop, qwen05: str, n_reqs: int) -> list[list[int]]:
-    prompt = AutoTokenizer.from_pretrained(qwen05).encode("The quick brown fox jumps over the")
+    prompt = load_tokenizer(qwen05).encode("The quick brown fox jumps over the")
     tokens = np.array([prompt] * n_reqs)
     out = prop.propose([[prompt[-1]]] * n_reqs, np.array([len(prompt)] * n_reqs), tokens)
     assert prop.stats.fallbacks == 0, "propose() failed internally (see the logged traceback)"
@@ -217,7 +216,7 @@ def test_a_seeded_request_draws_for_its_own_length(monkeypatch, bridge, smollm2,
     from vllm_hetero_spec.drafter.messages import StepBatch
 
     a, _, _ = _ids(bridge)
-    prompt = AutoTokenizer.from_pretrained(qwen05).encode("The quick brown fox jumps over the")
+    prompt = load_tokenizer(qwen05).encode("The quick brown fox jumps over the")
 
     def next_drafts(rows: list[str], caps: list[int]) -> list[int]:
         # Nearly uniform drafts: which tokens come out depends on the stream's state.
