@@ -128,8 +128,14 @@ def distinct_runs(pins: list[dict[str, Any]]) -> list[dict[str, Any]]:
     at k = 0 share one run per temperature and batch size (the first rule's pin)."""
     seen: dict[tuple, dict[str, Any]] = {}
     for p in pins:
-        seen.setdefault((p["T"], p["b"], p["k"], p["rule"] if p["k"] else None), p)
+        seen.setdefault((p["T"], p["b"], _measurement(p.get("rule"), p["k"])), p)
     return list(seen.values())
+
+
+def _measurement(rule: str | None, k: int | None) -> tuple:
+    """What a pinned run measures: at k = 0 the rule does not matter (nothing drafts);
+    ``k`` None is a config as written, which pins nothing."""
+    return (k, rule if k != 0 else None)
 
 
 def speedups(measured: dict[str, dict[str, Any]], label: str, rule: str | None, t: float, b: int,
@@ -139,15 +145,8 @@ def speedups(measured: dict[str, dict[str, Any]], label: str, rule: str | None, 
     plain = {r["round"]: sum(r["lengths"]) / r["wall"] for m in ("plain 1", "plain 2") if m in measured
              for r in measured[m]["runs"] if r["T"] == t and r["b"] == b}
     return [sum(r["lengths"]) / r["wall"] / plain[r["round"]] for r in measured[label]["runs"]
-            if r["T"] == t and r["b"] == b and r["round"] in plain and _is_run_of(r, rule, k)]
-
-
-def _is_run_of(run: dict[str, Any], rule: str | None, k: int | None) -> bool:
-    """Whether ``run`` measured the option (``rule``, ``k``); ``k`` None: a config as
-    written, which pins nothing."""
-    if k is None:
-        return run.get("rule") == rule
-    return run.get("k") == k and (k == 0 or run.get("rule") == rule)
+            if r["T"] == t and r["b"] == b and r["round"] in plain
+            and _measurement(r.get("rule"), r.get("k") if k is not None else None) == _measurement(rule, k)]
 
 
 def verdicts(advised: dict[str, Any], measured: dict[str, dict[str, Any]]) -> tuple[list[dict], list[dict]]:
