@@ -252,6 +252,12 @@ def write(results: dict[str, Any]) -> None:
             md += table(["T", "b", "measured", "best option measured", f"within {RECOMMENDED_WITHIN:.0%}"],
                         [[f"{x['T']:g}", x["b"], ratio_cell(x["measured"], x["low"], x["high"]),
                           f"{x['best_option']:.2f}x", "yes" if x["ok"] else "**no**"] for x in r["recommended"]])
+        if r.get("order"):
+            md += ["", "Engine order of this run: " + " | ".join(r["order"]) + "."]
+        if r.get("not_measured"):
+            md += ["", "Not measured (the session ran out): " + ", ".join(
+                f"{o['drafter']} {o['rule']} T={o['temperature']:g} b={o['batch']} k={o['k']}"
+                for o in r["not_measured"]) + "."]
         md.append("")
     write_report("advise_check", results, md, title="advise_check: projections against held-out measurements")
 
