@@ -72,7 +72,8 @@ def reused_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[s
     """advise's result kept in ``folder`` by an earlier run with the same settings, so a
     check cut short (on a small machine a large target's advise and check together can
     outlast a working session) resumes at the measurement; None where there is none to
-    reuse."""
+    reuse. Its measurements are analysed again by this version of advise, so the check
+    tests today's projections and config."""
     path = folder / "advise.json"
     if not path.is_file():
         return None
@@ -82,7 +83,9 @@ def reused_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[s
                  if kept.get(key) != value}
     if differing:
         raise SystemExit(f"--reuse-advise: {path} was written with other settings (kept, wanted): {differing}")
-    return advised
+    from vllm_hetero_spec.advise.cli import reanalyse
+
+    return reanalyse(folder, str(folder / "config.json"))
 
 
 def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argparse.Namespace

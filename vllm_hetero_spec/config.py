@@ -38,6 +38,8 @@ from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES
 METHOD = "hetero"
 ADDITIONAL_CONFIG_KEY = "hetero_spec"
 PROPOSER_CLASS = "vllm_hetero_spec.proposer.HeteroProposer"
+#: vLLM's key for the most tokens to draft per batch size, honoured as a cap per step.
+SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
 RULES = ("slem", "tli", "dtw", "union", "fsd", "slrs")
 #: The rules ``algorithm: auto`` may choose: every rule that is exact at every temperature
 #: (``dtw`` in its ``lossless`` mode).
@@ -385,6 +387,7 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
             "'executor' = 'ray' needs Ray, which is not installed; pip install 'vllm_hetero_spec[ray]' "
             "(ray>=2.60), or set 'executor' to 'inprocess'"
         )
+    _check_schedule(spec.get(SCHEDULE_KEY))
     values["draft_model"] = str(resolve_model(values["draft_model"]))
     values["draft_tokenizer"] = values["draft_tokenizer"] or values["draft_model"]
     values["max_draft_tokens"] = values["max_draft_tokens"] or k
@@ -393,6 +396,23 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
     vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS,
                  **{key: v for key, v in spec.items() if key not in ours and key != "method"}}
     return HeteroSettings(**values), vllm_spec
+
+
+def _check_schedule(schedule: Any) -> None:
+    """vLLM's own batch-size schedule, checked by vLLM's own rules here, at start-up:
+    vLLM reads it first in the scheduler, inside the engine process, where an error
+    names neither the config nor the fix."""
+    if schedule is None:
+        return
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    try:
+        validate_and_normalize_dynamic_sd_schedule(schedule)
+    except (TypeError, ValueError) as err:
+        raise HeteroConfigError(
+            f"'{SCHEDULE_KEY}' = {schedule!r}: {err} Write [[first batch size, last batch size, k], ...] with "
+            f"ranges sorted, not overlapping and starting at 1, e.g. [[1, 4, 3], [5, 1024, 0]]"
+        ) from None
 
 
 def keys_table() -> str:

@@ -91,6 +91,10 @@ class HeteroProposer:
         # drafts are made (rank 0 under TP).
         self.budget = make_budget(self.settings.draft_budget, self.k, self.settings.min_speculative_tokens,
                                   forward_only_rules())
+        # The most tokens a request may draft this step: vLLM's batch-size schedule
+        # (``num_speculative_tokens_per_batch_size``) for the step's batch, set by the
+        # runner before each proposal (see :meth:`cap_step`); k when there is none.
+        self.step_cap = self.k
         # algorithm: auto -- each request's rule per step, chosen (and shared) like its length.
         self.rules: RuleChooser | None = None
         if self.settings.algorithm == "auto":
@@ -213,6 +217,17 @@ class HeteroProposer:
         self.budget = FixedBudget(k)
         self.step_log = StepLog()
 
+    def cap_step(self, k: int) -> None:
+        """Draft at most ``k`` tokens a request in the coming proposal: the k vLLM's
+        scheduler chose for this step's batch size from ``num_speculative_tokens_per_batch_size``
+        (``num_speculative_tokens`` without one). A schedule is how a user (or ``advise``)
+        says where drafting never pays: at a batch size capped to 0 the step skips the
+        budget and the rule choice altogether, so it costs no warm-up step, probe or
+        draft state's catch-up, none of which a budget free to choose can avoid; under
+        a cap above 0 the budget still chooses, up to it. The cap overrides
+        ``min_speculative_tokens``."""
+        self.step_cap = max(0, min(int(k), self.k))
+
     def drop_request(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
         self.budget.forget(req_id)
@@ -261,9 +276,13 @@ class HeteroProposer:
             drafting = [n > 0 for n in sampled]
             if self.rules is not None:
                 self.rules.observe(start, req_ids, sampled)
-                rules = self.rules.choose(temperatures,
-                                          lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, rs))
-            lengths = self.budget.plan(req_ids, drafting, row_lengths, rules)
+            if self.step_cap == 0:
+                lengths = [0] * len(req_ids)
+            else:
+                if self.rules is not None:
+                    rules = self.rules.choose(temperatures,
+                                              lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, rs))
+                lengths = [min(n, self.step_cap) for n in self.budget.plan(req_ids, drafting, row_lengths, rules)]
             if rules is not None:
                 params = [dataclasses.replace(p, rule=rule) for p, rule in zip(params, rules)]
             drafts, rows = self._draft(req_ids, params, lengths, token_ids_cpu, num_tokens_no_spec)
@@ -277,7 +296,7 @@ class HeteroProposer:
         if self._lead:
             proposed = [len(o) for o in out]
             self.budget.record(req_ids, proposed, end - start, end, row_lengths, rules)
-            if self.rules is not None:
+            if rules is not None:
                 self.rules.record(req_ids, temperatures, rules, proposed)
             if self.step_log is not None:
                 self.step_log.add(start, end, req_ids, sampled, proposed)

@@ -148,8 +148,10 @@ def _patch_engine_args() -> None:
 
 def _patch_model_runner() -> None:
     """Why: a ``custom_class`` proposer gets no request ids, cannot return draft
-    probabilities and cannot choose the rejection sampler. After the runner is built we
-    hand our proposer the runner and install our rejection sampler; after each proposal
+    probabilities, cannot choose the rejection sampler and is not told the k of vLLM's
+    batch-size schedule. After the runner is built we hand our proposer the runner and
+    install our rejection sampler; before each proposal we hand it the scheduler's k for
+    the step (``num_spec_tokens_to_schedule``); after each proposal
     we hand the sampler the step's verification plan (compact q, greedy requests,
     union's forced rejections, fsd's thresholds: one object, keyed by request id, instead
     of vLLM's dense ``[B, K, V]`` draft-probabilities slot); we tell the proposer when
@@ -197,9 +199,13 @@ def _patch_model_runner() -> None:
     propose = GPUModelRunner.propose_draft_token_ids
 
     @functools.wraps(propose)
-    def propose_draft_token_ids(self: GPUModelRunner, *args: Any, **kwargs: Any):
-        out = propose(self, *args, **kwargs)
+    def propose_draft_token_ids(self: GPUModelRunner, scheduler_output: Any, *args: Any, **kwargs: Any):
         drafter = _hetero_drafter(self)
+        if drafter is not None:
+            # vLLM hands a custom_class proposer no k; its batch-size schedule's k for
+            # this step rides on the scheduler's output.
+            drafter.cap_step(scheduler_output.num_spec_tokens_to_schedule)
+        out = propose(self, scheduler_output, *args, **kwargs)
         if drafter is not None:
             self.rejection_sampler.plan = drafter.take_verify_plan()
         return out

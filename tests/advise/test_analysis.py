@@ -145,7 +145,23 @@ def test_settings_that_disagree_get_auto_and_the_adaptive_budget() -> None:
                _option("tli", 1.0, 1, 2, 1.2), _option("slrs", 1.0, 1, 1, 1.1)]
     config = config_for(options, "d", "hetero", ConfigNames("d", "/m/d"), best_per_setting(options, "d", "hetero"))
     assert config == {"method": "hetero", "model": "d", "num_speculative_tokens": 3, "algorithm": "auto",
+                      "num_speculative_tokens_per_batch_size": [[1, 7, 3], [8, 1024, 1]],
                       "auto_greedy": ["slem", "tli"], "auto_sampled": ["tli", "slrs"]}
+
+
+def test_a_batch_size_where_drafting_never_pays_is_scheduled_off(tmp_path) -> None:
+    """k = 2 pays at batch 1, nothing at 8 or 32 at either temperature: vLLM's schedule
+    caps batch 1-7 at 2 and 8 on at 0 (the budget would otherwise probe there), and the
+    plugin takes it."""
+    options = [_option("slem", 0.0, 1, 2, 1.2), _option("slrs", 1.0, 1, 1, 1.05)]
+    options += [_option(rule, t, b, 0, 1.0) for rule, t in (("slem", 0.0), ("slrs", 1.0)) for b in (8, 32)]
+    per = best_per_setting(options, "d", "hetero")
+    config = config_for(options, "d", "hetero", ConfigNames("d", "/m/d"), per)
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 7, 2], [8, 31, 0], [32, 1024, 0]]
+    assert "draft_budget" not in config
+    (tmp_path / "config.json").write_text("{}")
+    _, vllm_spec = parse_settings({**config, "model": str(tmp_path)})
+    assert vllm_spec["num_speculative_tokens_per_batch_size"] == [[1, 7, 2], [8, 31, 0], [32, 1024, 0]]
 
 
 def test_vllm_draft_model_is_recommended_when_it_is_faster() -> None:
@@ -158,6 +174,26 @@ def test_vllm_draft_model_is_recommended_when_it_is_faster() -> None:
     assert rec.method == DRAFT_MODEL and rec.score == pytest.approx(4.0)
     assert rec.config == {"method": "draft_model", "model": "/m/small", "num_speculative_tokens": K}
     assert "vLLM's own draft_model" in verdict(rec)
+
+
+def test_vllm_draft_model_projects_from_the_acceptance_pooled_over_batch_sizes() -> None:
+    """Two runs at T = 1 drew different acceptance (9 and 5 of 10 at each position): each
+    run's decode time is rescaled to the pooled acceptance, its prefill left as it was."""
+    def run(b: int, accepted: float) -> dict:
+        return {"T": 0.0, "b": b, "rule": None, "wall": _plain_run(b)["wall"] / 2, "lengths": [64] * 8,
+                "counters": {"num_drafts": 10.0, "accepted_per_position": [accepted] * K}}
+
+    lucky, unlucky = run(1, 9.0), run(8, 5.0)
+    options = {o.batch: o for o in draft_model_options("small", {"kind": "draft_model", "runs": [lucky, unlucky]},
+                                                       PLAIN, K)}
+    pooled = [0.7] * K
+    for o, r in ((options[1], lucky), (options[8], unlucky)):
+        groups = [[64] * r["b"]] * (8 // r["b"])
+        decode = (r["wall"] - 2.0) * group_steps(pooled, K, groups) / group_steps([r["counters"]["accepted_per_position"][0]
+                                                                                   / 10] * K, K, groups)
+        assert o.projected == pytest.approx(512 / (2.0 + decode) / (512 / _plain_run(r["b"])["wall"]))
+        assert o.sample == pytest.approx(2.0) and o.acceptance == pytest.approx(pooled)
+    assert options[1].projected < 2.0 < options[8].projected
 
 
 def test_plain_decoding_is_recommended_when_no_drafter_pays() -> None:

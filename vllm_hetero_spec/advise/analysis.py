@@ -10,7 +10,7 @@ drafter's reading of each prompt adds. The plain engine gives the unit, its deco
 step, and the prefill's share of a run. :mod:`~vllm_hetero_spec.advise.projection`
 turns them into a speedup per ``k``.
 vLLM's ``draft_model`` drafts a fixed ``k``, so its figure is the one measured on the
-sample. Each run at the longest length is also a measurement of that setting on the
+sample, with its acceptance pooled over batch sizes like ours. Each run at the longest length is also a measurement of that setting on the
 sample; it is reported beside the projection as a check.
 """
 
@@ -22,8 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_hetero_spec.advise.projection import StepCosts, best, expected_tokens, group_steps
+from vllm_hetero_spec.config import SCHEDULE_KEY
 
 DRAFT_MODEL = "draft_model"
+#: The last batch size a written schedule names: a round figure past any measured size
+#: (vLLM carries the last range's k on past it, up to ``max_num_seqs``).
+SCHEDULE_END = 1024
 
 
 class AdviseError(RuntimeError):
@@ -160,12 +164,27 @@ def hetero_options(drafter: str, hetero: dict[str, Any], plain: dict[str, Any], 
 
 
 def draft_model_options(drafter: str, measured: dict[str, Any], plain: dict[str, Any], k_max: int) -> list[Option]:
-    """vLLM's ``draft_model`` with the same drafter: measured at its fixed ``k``."""
+    """vLLM's ``draft_model`` with the same drafter at its fixed ``k``: each run's
+    measured speedup, its decode time rescaled from the run's own acceptance to the
+    acceptance pooled over the runs at its temperature. Acceptance is the pair's and the
+    prompts', not the batch's, yet one run's at T > 0 is a draw (on one sample, batch 1
+    and batch 8 accepted 2.4 and 2.8 tokens a step); pooled, as :func:`hetero_options`
+    pools ours, the draw weighs half as much. The prefill's time (the plain run's,
+    to its first tokens) is left as measured."""
     out = []
     for run in measured["runs"]:
-        speedup = _tok_per_s(run) / _tok_per_s(_plain(plain, run["T"], run["b"]))
-        out.append(Option(drafter, DRAFT_MODEL, run["T"], run["b"], k_max, speedup, speedup,
-                          _acceptance([run], k_max), float("nan"), {k_max: speedup}))
+        t, b = run["T"], run["b"]
+        plain_run = _plain(plain, t, b)
+        own = _acceptance([run], k_max)
+        pooled = _acceptance([r for r in measured["runs"] if r["T"] == t], k_max)
+        groups = _groups(run["lengths"], b)
+        steps = group_steps(own, k_max, groups)
+        first = min(plain_run["wall_first"], run["wall"])
+        wall = first + (run["wall"] - first) * (group_steps(pooled, k_max, groups) / steps if steps > 0 else 1.0)
+        base = _tok_per_s(plain_run)
+        projected = sum(run["lengths"]) / wall / base
+        out.append(Option(drafter, DRAFT_MODEL, t, b, k_max, projected, _tok_per_s(run) / base, pooled,
+                          float("nan"), {k_max: projected}))
     return out
 
 
@@ -227,7 +246,10 @@ def config_for(options: list[Option], drafter: str, method: str, names: ConfigNa
     - the draft length: where every setting favours the same k (above 0), exactly that
       (``draft_budget: fixed``), without the budget's probes, which cost steps of their
       own; otherwise the adaptive budget up to the longest k any setting favours (it
-      drafts less, or nothing, where that pays);
+      drafts less, or nothing, where that pays), and where batch sizes favour different
+      longest k, vLLM's batch-size schedule (:func:`batch_schedule`) caps each size at
+      its own, so that a size where drafting never paid (k = 0) spends nothing finding
+      that out again;
     - the rule: where every setting favours the same rule, that rule; otherwise ``auto``
       with each kind's rules fastest first."""
     k = max(max(o.k for o in per.values()), 1)
@@ -237,6 +259,9 @@ def config_for(options: list[Option], drafter: str, method: str, names: ConfigNa
     rules, ks = {o.rule for o in per.values()}, {o.k for o in per.values()}
     if len(ks) == 1 and 0 not in ks:
         config["draft_budget"] = "fixed"
+    schedule = batch_schedule(per)
+    if schedule is not None:
+        config[SCHEDULE_KEY] = schedule
     if len(rules) == 1:
         return {**config, "algorithm": rules.pop()}
     config["algorithm"] = "auto"
@@ -245,6 +270,23 @@ def config_for(options: list[Option], drafter: str, method: str, names: ConfigNa
         if order:
             config[key] = order
     return config
+
+
+def batch_schedule(per: dict[tuple[float, int], Option]) -> list[list[int]] | None:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` from the best k per setting, or
+    ``None`` where every batch size favours the same longest k: each measured size caps
+    the sizes from it up to the next measured one at its longest k over temperatures
+    (the last up to :data:`SCHEDULE_END`, and vLLM carries it on past that). A size
+    between two measured ones takes the smaller one's cap because a cap above 0 still
+    leaves the budget free to draft less; only a measured 0 rules drafting out."""
+    caps: dict[int, int] = {}
+    for (_, b), o in per.items():
+        caps[b] = max(caps.get(b, 0), o.k)
+    if len(set(caps.values())) < 2:
+        return None
+    sizes = sorted(caps)
+    ends = [s - 1 for s in sizes[1:]] + [max(SCHEDULE_END, sizes[-1])]
+    return [[1 if i == 0 else b, end, caps[b]] for i, (b, end) in enumerate(zip(sizes, ends))]
 
 
 def recommend(options: list[Option], names: dict[str, ConfigNames]) -> Recommendation:

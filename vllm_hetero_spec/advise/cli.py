@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_hetero_spec.advise.analysis import AdviseError, ConfigNames, draft_model_options, hetero_options, recommend
+from vllm_hetero_spec.advise.analysis import (
+    AdviseError, ConfigNames, Option, Recommendation, draft_model_options, hetero_options, recommend)
 from vllm_hetero_spec.advise.prompts import BUILT_IN, PromptError, load_prompts
 from vllm_hetero_spec.advise.report import plot, table, verdict, write_json
 from vllm_hetero_spec.advise.session import PROGRESS, base_job, planned_calls
@@ -307,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     log = p.results / "advise.log"
     log.write_text("")
     print(f"advise: {len(p.jobs)} engines, one at a time; vLLM's logs: {log}", flush=True)
-    options, measured = [], {}
+    measured: dict[str, Any] = {}
     with tqdm(total=sum(planned_calls(job) for _, _, job in p.jobs), unit="pass") as bar:
         for label, _, job in p.jobs:
             try:
@@ -318,27 +319,48 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 bar.write(f"advise: vLLM's draft_model did not run with {job['drafter']}; left out ({log})")
                 bar.update(planned_calls(job))
+    meta = {"target": p.target.name, "drafters": [d.name for d in p.drafters], "args": vars(args),
+            "measured": measured}
     try:
-        for label, drafter, job in p.jobs[1:]:
-            if label in measured:
-                fn = draft_model_options if job["kind"] == "draft_model" else hetero_options
-                options += fn(drafter, measured[label], measured["plain"], args.k)
-        rec = recommend(options, {d.name: ConfigNames(d.config_name, str(d.folder)) for d in p.drafters})
+        rec = report(meta, p.drafters, p.results, args.out)
     except AdviseError as err:
         print(f"advise: {err} (the measurements: {log})", file=sys.stderr)
         return 1
+    if rec.config is not None and not args.out:
+        print(f"advise: the config (--out FILE writes it): {json.dumps(rec.config)}")
+    return 0
+
+
+def report(meta: dict[str, Any], drafters: list[Model], results: Path, out: str | None) -> Recommendation:
+    """Options and the recommendation from the measured sessions (``meta["measured"]``,
+    by label: ``plain``, a drafter's name, ``<name> (vLLM draft_model)``), printed and
+    written to ``results`` (table, plot, JSON) and the config to ``out``."""
+    measured, k = meta["measured"], meta["args"]["k"]
+    options: list[Option] = []
+    for d in drafters:
+        if d.name in measured:
+            options += hetero_options(d.name, measured[d.name], measured["plain"], k)
+        if f"{d.name} (vLLM draft_model)" in measured:
+            options += draft_model_options(d.name, measured[f"{d.name} (vLLM draft_model)"], measured["plain"], k)
+    rec = recommend(options, {d.name: ConfigNames(d.config_name, str(d.folder)) for d in drafters})
     md, says = table(options), verdict(rec)
     print(md)
     print(says)
-    (p.results / "advise.md").write_text(f"# advise: {p.target.name}\n\n{md}\n\n{says}\n")
-    picture = plot(options, [d.name for d in p.drafters], p.results / "advise.png")
-    meta = {"target": p.target.name, "drafters": [d.name for d in p.drafters], "args": vars(args),
-            "measured": measured}
-    write_json(p.results / "advise.json", options, rec, meta)
-    if rec.config is not None and args.out:
-        Path(args.out).write_text(json.dumps(rec.config, indent=2) + "\n")
-        print(f"advise: wrote {args.out}: {json.dumps(rec.config)}")
-    elif rec.config is not None:
-        print(f"advise: the config (--out FILE writes it): {json.dumps(rec.config)}")
-    print(f"advise: table, JSON{' and plot' if picture else ''} in {p.results}/")
-    return 0
+    (results / "advise.md").write_text(f"# advise: {meta['target']}\n\n{md}\n\n{says}\n")
+    picture = plot(options, [d.name for d in drafters], results / "advise.png")
+    write_json(results / "advise.json", options, rec, meta)
+    if rec.config is not None and out:
+        Path(out).write_text(json.dumps(rec.config, indent=2) + "\n")
+        print(f"advise: wrote {out}: {json.dumps(rec.config)}")
+    print(f"advise: table, JSON{' and plot' if picture else ''} in {results}/")
+    return rec
+
+
+def reanalyse(results: Path, out: str | None = None) -> dict[str, Any]:
+    """advise's result in ``results`` analysed again from its kept measurements, by
+    this version's analysis, and rewritten (table, plot, JSON, and the config to
+    ``out``): a change to the projection or the config it writes needs no engine run."""
+    meta = json.loads((results / "advise.json").read_text())
+    kept = {key: meta[key] for key in ("target", "drafters", "args", "measured")}
+    report(kept, [resolve_model("--drafters", name) for name in kept["drafters"]], results, out)
+    return json.loads((results / "advise.json").read_text())
