@@ -9,7 +9,7 @@ same batch sizes and temperatures:
 - each projected option as advise configured it: ours pinned to its rule and best k
   (one engine per drafter; a drafter's options projected at k = 0 share one run, as
   nothing drafts), vLLM's ``draft_model`` with its config;
-- the config advise recommends, as written (``auto``, the adaptive budget);
+- the config advise recommends, as written;
 - plain decoding, before and after: plain [1] | every other engine [1, 2] | plain [2],
   each engine running its consecutive rounds in one process (one engine alive at a
   time, so a large target's memory is freed between them).
@@ -23,6 +23,8 @@ measured at each setting, or within 5% of it.
     .venv/bin/python benchmarks/advise_check.py                       # every target
     .venv/bin/python benchmarks/advise_check.py --targets qwen2.5-coder-1.5b
     .venv/bin/python benchmarks/advise_check.py --targets qwen2.5-coder-1.5b --reuse-advise  # the check only
+    .venv/bin/python benchmarks/advise_check.py --targets qwen2.5-coder-1.5b --reuse-advise \
+        --engines recommended   # one engine (and plain) again; the rest from the newest result's run
 """
 
 from __future__ import annotations
@@ -152,28 +154,39 @@ def speedups(measured: dict[str, dict[str, Any]], label: str, rule: str | None, 
             and _measurement(r.get("rule"), r.get("k") if k is not None else None) == _measurement(rule, k)]
 
 
-def verdicts(advised: dict[str, Any], measured: dict[str, dict[str, Any]]) -> tuple[list[dict], list[dict]]:
+def verdicts(advised: dict[str, Any], runs: list[dict[str, dict[str, Any]]]
+             ) -> tuple[list[dict], list[dict], list[dict]]:
     """One row per projected option (projected, measured median and spread, within the
-    bar?) and one per setting for the recommended config."""
-    rows = []
+    bar?), one per setting for the recommended config, and the options no run measured.
+    ``runs``: the sessions of one or more runs of the check, newest first; an engine is
+    read from the newest run that has it, against that run's own plain engines."""
+    def newest(label: str) -> dict[str, dict[str, Any]] | None:
+        return next((m for m in runs if label in m), None)
+
+    rows, missing = [], []
     for o in advised["options"]:
         dm = o["rule"] == "draft_model"
         label = f"{o['drafter']} (vLLM draft_model)" if dm else f"{o['drafter']} (pinned)"
         rule, k = (None, None) if dm else (o["rule"], o["k"])
-        xs = speedups(measured, label, rule, o["temperature"], o["batch"], k)
+        measured = newest(label)
+        xs = [] if measured is None else speedups(measured, label, rule, o["temperature"], o["batch"], k)
+        if not xs:
+            missing.append({key: o[key] for key in ("drafter", "rule", "temperature", "batch", "k")})
+            continue
         med = statistics.median(xs)
         ok = abs(o["projected"] / med - 1) <= TOLERANCE or min(xs) <= o["projected"] <= max(xs)
         rows.append({"drafter": o["drafter"], "rule": o["rule"], "T": o["temperature"], "b": o["batch"], "k": o["k"],
                      "projected": o["projected"], "measured": med, "low": min(xs), "high": max(xs), "ok": ok})
     rec_rows = []
-    if "recommended" in measured:
+    measured = newest("recommended")
+    if measured is not None:
         for t, b in sorted({(r["T"], r["b"]) for r in rows}):
             xs = speedups(measured, "recommended", None, t, b)
             best = max(r["measured"] for r in rows if (r["T"], r["b"]) == (t, b))
             med = statistics.median(xs)
             rec_rows.append({"T": t, "b": b, "measured": med, "low": min(xs), "high": max(xs), "best_option": best,
                              "ok": med >= (1 - RECOMMENDED_WITHIN) * best})
-    return rows, rec_rows
+    return rows, rec_rows, missing
 
 
 def slim(measured: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -195,6 +208,10 @@ def main() -> None:
     ap.add_argument("--reuse-advise", action="store_true",
                     help="take advise's result already in results/advise_<target>/ (same settings) "
                          "instead of rerunning it")
+    ap.add_argument("--engines", nargs="+", metavar="LABEL",
+                    help="run only these engines of the check (with plain 1 and 2), e.g. 'recommended' "
+                         "'qwen2.5-coder-0.5b (pinned)'; the others are read from the newest result's run, "
+                         "each against that run's plain engines")
     args = ap.parse_args()
     from tqdm import tqdm
 
@@ -211,16 +228,43 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
             advised = run_advise(target, args, folder)
         jobs = check_jobs(target, advised, prompts, args)
+        earlier = []
+        if args.engines is not None:
+            unknown = set(args.engines) - {label for label, _ in jobs}
+            if unknown:
+                raise SystemExit(f"--engines {sorted(unknown)}: not engines of this check: {[x for x, _ in jobs]}")
+            kept = {label for label, _ in jobs if label not in args.engines and not label.startswith("plain")}
+            earlier = earlier_runs(results["targets"].get(target), kept)
+            jobs = [(label, job) for label, job in jobs if label.startswith("plain") or label in args.engines]
         log = Path(f"/tmp/advise_check_{target}.log")
         log.write_text("")
         measured = {}
         with tqdm(total=sum(planned_calls(j) for _, j in jobs), unit="pass") as bar:
             for label, job in jobs:
                 measured[label] = run_session(label, job, log, bar)
-        rows, rec_rows = verdicts(advised, measured)
-        results["targets"][target] = {"meta": meta(args), "rows": rows, "recommended": rec_rows,
-                                      "recommendation": advised["recommendation"], "measured": slim(measured)}
+        rows, rec_rows, missing = verdicts(advised, [measured, *[run["measured"] for run in earlier]])
+        this_run = {"meta": meta(args), "order": [label for label, _ in jobs], "measured": slim(measured)}
+        results["targets"][target] = {**this_run, "rows": rows, "recommended": rec_rows, "not_measured": missing,
+                                      "recommendation": advised["recommendation"], "earlier_runs": earlier}
         write(results)
+
+
+def earlier_runs(newest: dict[str, Any] | None, wanted: set[str]) -> list[dict[str, Any]]:
+    """The runs of the newest result for this target (its own first, then those it
+    read), each with the ``wanted`` engines it is the newest to have measured, and its
+    plain engines; runs left with none are dropped."""
+    if newest is None:
+        return []
+    runs = [{key: newest[key] for key in ("meta", "order", "measured") if key in newest},
+            *newest.get("earlier_runs", [])]
+    out, taken = [], set()
+    for run in runs:
+        mine = {label for label in run.get("measured", {}) if label in wanted - taken}
+        if mine:
+            taken |= mine
+            out.append({**run, "measured": {label: m for label, m in run["measured"].items()
+                                            if label in mine or label.startswith("plain")}})
+    return out
 
 
 def earlier_targets() -> dict[str, Any]:
@@ -257,8 +301,13 @@ def write(results: dict[str, Any]) -> None:
                           f"{x['best_option']:.2f}x", "yes" if x["ok"] else "**no**"] for x in r["recommended"]])
         if r.get("order"):
             md += ["", "Engine order of this run: " + " | ".join(r["order"]) + "."]
+        for run in r.get("earlier_runs", []):
+            read = [label for label in run["measured"] if not label.startswith("plain")]
+            if read:
+                md += ["", f"Read from the run of {run['meta']['date']} (against its own plain engines): "
+                       + ", ".join(read) + "."]
         if r.get("not_measured"):
-            md += ["", "Not measured (the session ran out): " + ", ".join(
+            md += ["", "Not measured: " + ", ".join(
                 f"{o['drafter']} {o['rule']} T={o['temperature']:g} b={o['batch']} k={o['k']}"
                 for o in r["not_measured"]) + "."]
         md.append("")

@@ -38,3 +38,32 @@ def test_each_option_is_measured_against_its_own_rounds_plain_run() -> None:
     # tli projected at k = 0 reads the engine's one run drafting nothing, pinned to slem.
     assert [round(x, 3) for x in advise_check.speedups(measured, "d (pinned)", "tli", 0.0, 8, 0)] == [1.1, 0.9]
     assert advise_check.speedups(measured, "d (pinned)", "slrs", 1.0, 8, 0) == []  # never measured
+
+
+def test_an_engine_is_read_from_the_newest_run_that_has_it_against_that_runs_plain() -> None:
+    """A rerun of one engine: the other options keep the earlier run's measurement,
+    each over its own run's plain decoding; an engine in no run is listed as missing."""
+    def option(drafter: str, rule: str, k: int, projected: float) -> dict:
+        return {"drafter": drafter, "rule": rule, "temperature": 0.0, "batch": 8, "k": k, "projected": projected}
+
+    advised = {"options": [option("d", "tli", 2, 1.5), option("q", "draft_model", 4, 0.8), option("g", "tli", 0, 1.0)]}
+    earlier = {"plain 1": {"runs": [_run(None, 0.0, 8, None, 4.0, 0)]},
+               "d (pinned)": {"runs": [_run("tli", 0.0, 8, 2, 6.0, 0)]},
+               "q (vLLM draft_model)": {"runs": [_run(None, 0.0, 8, None, 1.0, 0)]},
+               "recommended": {"runs": [_run(None, 0.0, 8, None, 1.0, 0)]}}
+    newest = {"plain 1": {"runs": [_run(None, 0.0, 8, None, 2.0, 0)]},
+              "q (vLLM draft_model)": {"runs": [_run(None, 0.0, 8, None, 1.6, 0)]},
+              "recommended": {"runs": [_run(None, 0.0, 8, None, 3.0, 0)]}}
+    rows, recommended, missing = advise_check.verdicts(advised, [newest, earlier])
+    assert [(r["drafter"], r["measured"]) for r in rows] == [("d", 1.5), ("q", 0.8)]
+    assert recommended[0]["measured"] == 1.5 and recommended[0]["best_option"] == 1.5
+    assert missing == [{"drafter": "g", "rule": "tli", "temperature": 0.0, "batch": 8, "k": 0}]
+
+
+def test_earlier_runs_keep_only_the_engines_not_rerun_and_their_plain() -> None:
+    newest = {"meta": {"date": "b"}, "order": ["plain 1", "a (pinned)", "recommended", "plain 2"],
+              "measured": {"plain 1": {}, "a (pinned)": {}, "recommended": {}, "plain 2": {}},
+              "earlier_runs": [{"meta": {"date": "a"}, "measured": {"plain 1": {}, "a (pinned)": {}, "b (pinned)": {}}}]}
+    runs = advise_check.earlier_runs(newest, {"a (pinned)", "b (pinned)"})
+    assert [(r["meta"]["date"], sorted(r["measured"])) for r in runs] == [
+        ("b", ["a (pinned)", "plain 1", "plain 2"]), ("a", ["b (pinned)", "plain 1"])]
