@@ -301,7 +301,7 @@ class HeteroProposer:
             if self.step_log is not None:
                 self.step_log.add(start, end, req_ids, sampled, proposed)
             if logger.isEnabledFor(logging.DEBUG):  # VLLM_LOGGING_LEVEL=DEBUG
-                why, rates, lump = self.budget.last_plan
+                why, rates, lump = self.budget.last_plan if self.step_cap else ("the batch-size schedule's k = 0", [], 0)
                 logger.debug("hetero spec step: planned %s, proposed %s, rules %s in %.0f ms (%s; tok/s per k %s; "
                              "catch-up lump %d)", lengths, proposed, rules, 1e3 * (end - start), why,
                              [round(r, 2) for r in rates], lump)

@@ -48,6 +48,10 @@ def _engine_config(target: str, spec):
         ({"draft_cuda_graphs": True}, "'draft_cuda_graphs'"),
         ({"draft_cuda_graphs": []}, "'draft_cuda_graphs'"),
         ({"draft_cuda_graphs": [8, 0]}, "'draft_cuda_graphs'"),
+        ({"num_speculative_tokens_per_batch_size": [[2, 8, 1]]}, "'num_speculative_tokens_per_batch_size'"),
+        ({"num_speculative_tokens_per_batch_size": [[1, 8]]}, "'num_speculative_tokens_per_batch_size'"),
+        ({"num_speculative_tokens_per_batch_size": [[1, 8, 2], [4, 16, 0]]}, "'num_speculative_tokens_per_batch_size'"),
+        ({"num_speculative_tokens_per_batch_size": []}, "'num_speculative_tokens_per_batch_size'"),
     ],
 )
 def test_bad_config_names_key(gemma: str, smollm2: str, override: dict, key: str) -> None:
@@ -109,6 +113,14 @@ def test_good_config_from_file_becomes_custom_class(gemma: str, smollm2: str, tm
     assert cfg.speculative_config.method == "custom_class"
     assert cfg.speculative_config.num_speculative_tokens == 3
     assert cfg.additional_config["hetero_spec"]["algorithm"] == "tli"
+
+
+def test_a_batch_size_schedule_reaches_vllm(gemma: str, smollm2: str) -> None:
+    """vLLM's own key stays vLLM's: its scheduler reads it (the plugin caps each step by
+    the k it picks, tests/e2e/test_batch_schedule.py)."""
+    cfg = _engine_config(gemma, {"method": "hetero", "model": smollm2, "num_speculative_tokens": 3,
+                                 "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 64, 0]]})
+    assert [list(r) for r in cfg.speculative_config.num_speculative_tokens_per_batch_size] == [[1, 4, 3], [5, 64, 0]]
 
 
 def test_vllm_own_methods_untouched(gemma: str) -> None:
