@@ -170,6 +170,10 @@ class HeteroSettings:
     min_speculative_tokens: int = setting(
         0, "the adaptive budget's floor (0 lets it turn drafting off where it does not pay); at most k",
         integer(0), "e.g. 0")
+    sampled_speculative_tokens: int = setting(
+        None, "the most tokens a sampled request (T > 0) drafts per step, at most k; `0`: sampled requests never "
+        "draft, and the budget neither warms up nor probes with them (where only greedy requests gain, as "
+        "`advise` finds on some pairs)", integer(0), "e.g. 0", default_text="k")
     draft_tokenizer: str = setting(
         None, "a separate tokenizer folder for the draft", PATH, "point it at a tokenizer folder or drop it",
         default_text="the model's")
@@ -374,6 +378,11 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
             f"'min_speculative_tokens' = {values['min_speculative_tokens']} exceeds 'num_speculative_tokens' = {k}; "
             f"lower it to at most {k}"
         )
+    sampled = values["sampled_speculative_tokens"]
+    if sampled is not None and sampled > k:
+        raise HeteroConfigError(
+            f"'sampled_speculative_tokens' = {sampled} exceeds 'num_speculative_tokens' = {k}; lower it to at most {k}"
+        )
     if values["algorithm"] == "auto" and values["dtw_verify"] == "faithful" and "dtw" in (
             *values["auto_greedy"], *values["auto_sampled"]):
         raise HeteroConfigError(
@@ -391,6 +400,7 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
     values["draft_model"] = str(resolve_model(values["draft_model"]))
     values["draft_tokenizer"] = values["draft_tokenizer"] or values["draft_model"]
     values["max_draft_tokens"] = values["max_draft_tokens"] or k
+    values["sampled_speculative_tokens"] = k if sampled is None else sampled
     values["ray_threads"] = values["ray_threads"] or values["ray_num_cpus"]
     ours = set(HETERO_KEYS) - {"num_speculative_tokens"}
     vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS,

@@ -40,6 +40,7 @@ from vllm_hetero_spec.drafter.placement.executors import DraftExecutor, make_exe
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runtime_config
 from vllm_hetero_spec.drafter.runtime.tp_group import join_draft_tp_group
 from vllm_hetero_spec.drafts_broadcast import share_drafts
+from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
 from vllm_hetero_spec.drafter.strategies.registry import divergence_strategy, forward_only_rules
 from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.metrics import MetricsBoard
@@ -228,6 +229,14 @@ class HeteroProposer:
         ``min_speculative_tokens``."""
         self.step_cap = max(0, min(int(k), self.k))
 
+    def _row_caps(self, temperatures: list[float]) -> list[int]:
+        """Per row, the most it may draft this step: the batch-size schedule's cap, and
+        for a sampled row also ``sampled_speculative_tokens``. A row capped at 0 is not
+        offered to the budget at all, so it neither drafts nor counts in its warm-up."""
+        limit = self.settings.sampled_speculative_tokens
+        sampled = self.step_cap if limit is None else min(self.step_cap, limit)
+        return [self.step_cap if t < GREEDY_EPS else sampled for t in temperatures]
+
     def drop_request(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
         self.budget.forget(req_id)
@@ -273,16 +282,17 @@ class HeteroProposer:
             params = [self._params(r) for r in req_ids]
             temperatures = [p.temperature for p in params]
             self.budget.observe(start, req_ids, sampled)
-            drafting = [n > 0 for n in sampled]
+            caps = self._row_caps(temperatures)
+            drafting = [n > 0 and cap > 0 for n, cap in zip(sampled, caps)]
             if self.rules is not None:
                 self.rules.observe(start, req_ids, sampled)
-            if self.step_cap == 0:
+            if not any(caps):
                 lengths = [0] * len(req_ids)
             else:
                 if self.rules is not None:
                     rules = self.rules.choose(temperatures,
                                               lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, rs))
-                lengths = [min(n, self.step_cap) for n in self.budget.plan(req_ids, drafting, row_lengths, rules)]
+                lengths = [min(n, cap) for n, cap in zip(self.budget.plan(req_ids, drafting, row_lengths, rules), caps)]
             if rules is not None:
                 params = [dataclasses.replace(p, rule=rule) for p, rule in zip(params, rules)]
             drafts, rows = self._draft(req_ids, params, lengths, token_ids_cpu, num_tokens_no_spec)
@@ -301,7 +311,7 @@ class HeteroProposer:
             if self.step_log is not None:
                 self.step_log.add(start, end, req_ids, sampled, proposed)
             if logger.isEnabledFor(logging.DEBUG):  # VLLM_LOGGING_LEVEL=DEBUG
-                why, rates, lump = self.budget.last_plan if self.step_cap else ("the batch-size schedule's k = 0", [], 0)
+                why, rates, lump = self.budget.last_plan if any(caps) else ("every row capped at k = 0", [], 0)
                 logger.debug("hetero spec step: planned %s, proposed %s, rules %s in %.0f ms (%s; tok/s per k %s; "
                              "catch-up lump %d)", lengths, proposed, rules, 1e3 * (end - start), why,
                              [round(r, 2) for r in rates], lump)

@@ -146,7 +146,16 @@ def test_settings_that_disagree_get_auto_and_the_adaptive_budget() -> None:
     config = config_for(options, "d", "hetero", ConfigNames("d", "/m/d"), best_per_setting(options, "d", "hetero"))
     assert config == {"method": "hetero", "model": "d", "num_speculative_tokens": 3, "algorithm": "auto",
                       "num_speculative_tokens_per_batch_size": [[1, 7, 3], [8, 1024, 1]],
-                      "auto_greedy": ["slem", "tli"], "auto_sampled": ["tli", "slrs"]}
+                      "sampled_speculative_tokens": 2, "auto_greedy": ["slem", "tli"], "auto_sampled": ["tli", "slrs"]}
+
+
+def test_sampled_requests_that_never_pay_are_capped_at_zero() -> None:
+    """k = 2 pays for greedy requests at batch 1 and 8, nothing at T = 1: sampled
+    requests are capped at 0 and no batch size is."""
+    options = [_option("tli", 0.0, b, 2, 1.2) for b in (1, 8)] + [_option("slrs", 1.0, b, 0, 1.0) for b in (1, 8)]
+    config = config_for(options, "d", "hetero", ConfigNames("d", "/m/d"), best_per_setting(options, "d", "hetero"))
+    assert config["sampled_speculative_tokens"] == 0 and config["num_speculative_tokens"] == 2
+    assert "num_speculative_tokens_per_batch_size" not in config
 
 
 def test_a_batch_size_where_drafting_never_pays_is_scheduled_off(tmp_path) -> None:
@@ -158,6 +167,7 @@ def test_a_batch_size_where_drafting_never_pays_is_scheduled_off(tmp_path) -> No
     per = best_per_setting(options, "d", "hetero")
     config = config_for(options, "d", "hetero", ConfigNames("d", "/m/d"), per)
     assert config["num_speculative_tokens_per_batch_size"] == [[1, 7, 2], [8, 31, 0], [32, 1024, 0]]
+    assert config["sampled_speculative_tokens"] == 1  # T = 1 paid at k = 1 at most
     assert "draft_budget" not in config
     (tmp_path / "config.json").write_text("{}")
     _, vllm_spec = parse_settings({**config, "model": str(tmp_path)})

@@ -1,7 +1,8 @@
 """vLLM's batch-size schedule (``num_speculative_tokens_per_batch_size``) caps what the
 plugin drafts per step: a batch size it schedules at k = 0 drafts nothing, not even
-the budget's warm-up, while batch 1 under the same config drafts. ``advise`` writes
-such a schedule where its measurements say drafting never pays."""
+the budget's warm-up, while batch 1 under the same config drafts; and
+``sampled_speculative_tokens`` caps sampled requests the same way. ``advise`` writes
+both where its measurements say drafting never pays."""
 
 from __future__ import annotations
 
@@ -24,3 +25,15 @@ def test_a_batch_size_scheduled_at_zero_drafts_nothing(gemma: str, smollm2: str)
     assert together["num_drafts"] <= 1 and together["fallbacks"] == 0, together
     assert alone["num_drafts"] >= 4 * 3, alone  # 12 tokens a request, at most 4 a step
     assert together["token_ids"] == alone["token_ids"]
+
+
+def test_sampled_requests_capped_at_zero_draft_nothing(gemma: str, smollm2: str) -> None:
+    """A fixed budget with ``sampled_speculative_tokens: 0``: four requests at T = 1 draft
+    nothing at all, the same four at T = 0 draft on every step."""
+    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "algorithm": "tli",
+            "draft_budget": "fixed", "sampled_speculative_tokens": 0}
+    job = {"target": gemma, "prompts": BRIDGE_STRESS[:4], "max_tokens": 12, "ignore_eos": True, "max_model_len": 512,
+           "warmup": False, "enforce_eager": True, "speculative_config": spec}
+    sampled, greedy = map(unwrap, run_isolated_many([{**job, "temperature": 1.0}, {**job, "temperature": 0.0}]))
+    assert sampled["num_drafts"] == 0 and sampled["fallbacks"] == 0, sampled
+    assert greedy["num_drafts"] >= 4 * 3, greedy

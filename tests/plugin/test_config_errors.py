@@ -52,6 +52,8 @@ def _engine_config(target: str, spec):
         ({"num_speculative_tokens_per_batch_size": [[1, 8]]}, "'num_speculative_tokens_per_batch_size'"),
         ({"num_speculative_tokens_per_batch_size": [[1, 8, 2], [4, 16, 0]]}, "'num_speculative_tokens_per_batch_size'"),
         ({"num_speculative_tokens_per_batch_size": []}, "'num_speculative_tokens_per_batch_size'"),
+        ({"sampled_speculative_tokens": 5}, "'sampled_speculative_tokens'"),
+        ({"sampled_speculative_tokens": -1}, "'sampled_speculative_tokens'"),
     ],
 )
 def test_bad_config_names_key(gemma: str, smollm2: str, override: dict, key: str) -> None:

@@ -249,7 +249,9 @@ def config_for(options: list[Option], drafter: str, method: str, names: ConfigNa
       drafts less, or nothing, where that pays), and where batch sizes favour different
       longest k, vLLM's batch-size schedule (:func:`batch_schedule`) caps each size at
       its own, so that a size where drafting never paid (k = 0) spends nothing finding
-      that out again;
+      that out again; and where sampled requests favour a shorter longest k than greedy
+      ones, ``sampled_speculative_tokens`` caps them the same way (a schedule is per
+      batch size only);
     - the rule: where every setting favours the same rule, that rule; otherwise ``auto``
       with each kind's rules fastest first."""
     k = max(max(o.k for o in per.values()), 1)
@@ -262,6 +264,10 @@ def config_for(options: list[Option], drafter: str, method: str, names: ConfigNa
     schedule = batch_schedule(per)
     if schedule is not None:
         config[SCHEDULE_KEY] = schedule
+    greedy = [o.k for (t, _), o in per.items() if t == 0]
+    sampled = [o.k for (t, _), o in per.items() if t > 0]
+    if greedy and sampled and max(sampled) < max(greedy):
+        config["sampled_speculative_tokens"] = max(sampled)
     if len(rules) == 1:
         return {**config, "algorithm": rules.pop()}
     config["algorithm"] = "auto"
