@@ -40,6 +40,7 @@ from typing import Any
 
 from report import meta, ratio_cell, results_dir, table, write_report
 
+from vllm_hetero_spec.advise.analysis import draft_model_label
 from vllm_hetero_spec.advise.prompts import as_chat, categories, spec_bench_questions
 
 #: Every pair the shipped models make: target -> drafters.
@@ -120,7 +121,7 @@ def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argpar
         configs.append({"drafter": "recommended", "config": recommended})
     for c in configs:
         rows = [{"T": t, "b": b} for t, b in settings]
-        label = "recommended" if c["drafter"] == "recommended" else f"{c['drafter']} (vLLM draft_model)"
+        label = "recommended" if c["drafter"] == "recommended" else draft_model_label(c["drafter"])
         jobs.append((label, {**base, "kind": "config", "config": c["config"], "pins": pins(rows, rounds)}))
     if len(rounds) > 1:
         jobs.append(("plain 2", {**base, "kind": "plain", "first_token": False, "pins": pins(plain_rows, rounds[1:])}))
@@ -166,7 +167,7 @@ def verdicts(advised: dict[str, Any], runs: list[dict[str, dict[str, Any]]]
     rows, missing = [], []
     for o in advised["options"]:
         dm = o["rule"] == "draft_model"
-        label = f"{o['drafter']} (vLLM draft_model)" if dm else f"{o['drafter']} (pinned)"
+        label = draft_model_label(o["drafter"]) if dm else f"{o['drafter']} (pinned)"
         rule, k = (None, None) if dm else (o["rule"], o["k"])
         measured = newest(label)
         xs = [] if measured is None else speedups(measured, label, rule, o["temperature"], o["batch"], k)

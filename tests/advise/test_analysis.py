@@ -199,8 +199,8 @@ def test_vllm_draft_model_projects_from_the_acceptance_pooled_over_batch_sizes()
     pooled = [0.7] * K
     for o, r in ((options[1], lucky), (options[8], unlucky)):
         groups = [[64] * r["b"]] * (8 // r["b"])
-        decode = (r["wall"] - 2.0) * group_steps(pooled, K, groups) / group_steps([r["counters"]["accepted_per_position"][0]
-                                                                                   / 10] * K, K, groups)
+        own = [r["counters"]["accepted_per_position"][0] / 10] * K
+        decode = (r["wall"] - 2.0) * group_steps(pooled, K, groups) / group_steps(own, K, groups)
         assert o.projected == pytest.approx(512 / (2.0 + decode) / (512 / _plain_run(r["b"])["wall"]))
         assert o.sample == pytest.approx(2.0) and o.acceptance == pytest.approx(pooled)
     assert options[1].projected < 2.0 < options[8].projected

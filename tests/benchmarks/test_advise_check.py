@@ -63,7 +63,8 @@ def test_an_engine_is_read_from_the_newest_run_that_has_it_against_that_runs_pla
 def test_earlier_runs_keep_only_the_engines_not_rerun_and_their_plain() -> None:
     newest = {"meta": {"date": "b"}, "order": ["plain 1", "a (pinned)", "recommended", "plain 2"],
               "measured": {"plain 1": {}, "a (pinned)": {}, "recommended": {}, "plain 2": {}},
-              "earlier_runs": [{"meta": {"date": "a"}, "measured": {"plain 1": {}, "a (pinned)": {}, "b (pinned)": {}}}]}
+              "earlier_runs": [{"meta": {"date": "a"},
+                                "measured": {"plain 1": {}, "a (pinned)": {}, "b (pinned)": {}}}]}
     runs = advise_check.earlier_runs(newest, {"a (pinned)", "b (pinned)"})
     assert [(r["meta"]["date"], sorted(r["measured"])) for r in runs] == [
         ("b", ["a (pinned)", "plain 1", "plain 2"]), ("a", ["b (pinned)", "plain 1"])]

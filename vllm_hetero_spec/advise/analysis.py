@@ -10,8 +10,9 @@ drafter's reading of each prompt adds. The plain engine gives the unit, its deco
 step, and the prefill's share of a run. :mod:`~vllm_hetero_spec.advise.projection`
 turns them into a speedup per ``k``.
 vLLM's ``draft_model`` drafts a fixed ``k``, so its figure is the one measured on the
-sample, with its acceptance pooled over batch sizes like ours. Each run at the longest length is also a measurement of that setting on the
-sample; it is reported beside the projection as a check.
+sample, with its acceptance pooled over batch sizes like ours. Each run at the longest
+length is also a measurement of that setting on the sample; it is reported beside the
+projection as a check.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ DRAFT_MODEL = "draft_model"
 #: The last batch size a written schedule names: a round figure past any measured size
 #: (vLLM carries the last range's k on past it, up to ``max_num_seqs``).
 SCHEDULE_END = 1024
+
+
+def draft_model_label(drafter: str) -> str:
+    """The name a session of vLLM's ``draft_model`` with ``drafter`` goes by."""
+    return f"{drafter} (vLLM {DRAFT_MODEL})"
 
 
 class AdviseError(RuntimeError):

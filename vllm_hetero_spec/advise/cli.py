@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_hetero_spec.advise.analysis import (
-    AdviseError, ConfigNames, Option, Recommendation, draft_model_options, hetero_options, recommend)
+    AdviseError, ConfigNames, Option, Recommendation, draft_model_label, draft_model_options, hetero_options,
+    recommend)
 from vllm_hetero_spec.advise.prompts import BUILT_IN, PromptError, load_prompts
 from vllm_hetero_spec.advise.report import plot, table, verdict, write_json
 from vllm_hetero_spec.advise.session import PROGRESS, base_job, planned_calls
@@ -245,7 +246,7 @@ def plan(args: argparse.Namespace, available: tuple[int, str] | None = None) -> 
         jobs.append((d.name, d.name, {**base, "kind": "hetero", "drafter": d.config_name,
                                       "rules": rules_per_temperature(args.rules, temps, id_mapped)}))
         if not args.no_draft_model and same:
-            jobs.append((f"{d.name} (vLLM draft_model)", d.name, {**base, "kind": "draft_model", "drafter": str(d.folder)}))
+            jobs.append((draft_model_label(d.name), d.name, {**base, "kind": "draft_model", "drafter": str(d.folder)}))
     return Plan(target, drafters, jobs, Path(args.results_dir))
 
 
@@ -340,8 +341,8 @@ def report(meta: dict[str, Any], drafters: list[Model], results: Path, out: str 
     for d in drafters:
         if d.name in measured:
             options += hetero_options(d.name, measured[d.name], measured["plain"], k)
-        if f"{d.name} (vLLM draft_model)" in measured:
-            options += draft_model_options(d.name, measured[f"{d.name} (vLLM draft_model)"], measured["plain"], k)
+        if draft_model_label(d.name) in measured:
+            options += draft_model_options(d.name, measured[draft_model_label(d.name)], measured["plain"], k)
     rec = recommend(options, {d.name: ConfigNames(d.config_name, str(d.folder)) for d in drafters})
     md, says = table(options), verdict(rec)
     print(md)
