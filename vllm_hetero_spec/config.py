@@ -373,16 +373,10 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
             raise _error(f, value)
         values[f.name] = float(value) if isinstance(f.default, float) else value
     k = values["num_speculative_tokens"]
-    if values["min_speculative_tokens"] > k:
-        raise HeteroConfigError(
-            f"'min_speculative_tokens' = {values['min_speculative_tokens']} exceeds 'num_speculative_tokens' = {k}; "
-            f"lower it to at most {k}"
-        )
-    sampled = values["sampled_speculative_tokens"]
-    if sampled is not None and sampled > k:
-        raise HeteroConfigError(
-            f"'sampled_speculative_tokens' = {sampled} exceeds 'num_speculative_tokens' = {k}; lower it to at most {k}"
-        )
+    for key in ("min_speculative_tokens", "sampled_speculative_tokens"):
+        if values[key] is not None and values[key] > k:
+            raise HeteroConfigError(
+                f"'{key}' = {values[key]} exceeds 'num_speculative_tokens' = {k}; lower it to at most {k}")
     if values["algorithm"] == "auto" and values["dtw_verify"] == "faithful" and "dtw" in (
             *values["auto_greedy"], *values["auto_sampled"]):
         raise HeteroConfigError(
@@ -400,6 +394,7 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
     values["draft_model"] = str(resolve_model(values["draft_model"]))
     values["draft_tokenizer"] = values["draft_tokenizer"] or values["draft_model"]
     values["max_draft_tokens"] = values["max_draft_tokens"] or k
+    sampled = values["sampled_speculative_tokens"]
     values["sampled_speculative_tokens"] = k if sampled is None else sampled
     values["ray_threads"] = values["ray_threads"] or values["ray_num_cpus"]
     ours = set(HETERO_KEYS) - {"num_speculative_tokens"}

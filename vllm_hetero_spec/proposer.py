@@ -39,9 +39,9 @@ from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepB
 from vllm_hetero_spec.drafter.placement.executors import DraftExecutor, make_executor
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runtime_config
 from vllm_hetero_spec.drafter.runtime.tp_group import join_draft_tp_group
-from vllm_hetero_spec.drafts_broadcast import share_drafts
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
 from vllm_hetero_spec.drafter.strategies.registry import divergence_strategy, forward_only_rules
+from vllm_hetero_spec.drafts_broadcast import share_drafts
 from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.policy.budget import FixedBudget, make_budget
