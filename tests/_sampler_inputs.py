@@ -68,12 +68,15 @@ def sampling_metadata(
     )
 
 
-def logits_processors(params: list[SamplingParams], device: str | torch.device = "cpu") -> LogitsProcessors:
+def logits_processors(params: list[SamplingParams], device: str | torch.device = "cpu",
+                      outputs: list[list[int]] | None = None) -> LogitsProcessors:
     """vLLM's built-in logits processors (min_p, logit_bias, min_tokens) holding the
-    requests ``params`` at rows 0..B-1, brought there by vLLM's own batch update."""
+    requests ``params`` at rows 0..B-1, with ``outputs`` committed (none unless given),
+    brought there by vLLM's own batch update."""
     config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=len(params)))
     procs = LogitsProcessors(ctor(config, torch.device(device), False) for ctor in BUILTIN_LOGITS_PROCESSORS)
-    update = BatchUpdate(len(params), [], [(i, p, [], []) for i, p in enumerate(params)], [])
+    outputs = outputs or [[] for _ in params]
+    update = BatchUpdate(len(params), [], [(i, p, [], outputs[i]) for i, p in enumerate(params)], [])
     for proc in procs.all:
         proc.update_state(update)
     return procs

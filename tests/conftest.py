@@ -99,6 +99,68 @@ def selected_params(request: pytest.FixtureRequest):
     return values
 
 
+# -- the suite's cost, counted per module against tests/cost_budget.py ------------------
+
+def _ledger_run() -> int:
+    """The pid of the pytest process that summarises the run (xdist's controller for a
+    worker)."""
+    return os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+
+
+def _module_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return path[len("tests/"):] if path.startswith("tests/") else path
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """What this test (its fixtures included) starts is charged to its module."""
+    from hetero_harness import cost_ledger
+
+    cost_ledger.open_module(_ledger_run(), _module_of(item.nodeid))
+
+
+@pytest.fixture(scope="module")
+def count_rows(request: pytest.FixtureRequest):
+    """``count_rows(n)``: declare ``n`` rows sampled by this module's statistical tests."""
+    from hetero_harness import cost_ledger
+
+    def count(n: int) -> None:
+        cost_ledger.record_rows(_ledger_run(), _module_of(request.node.nodeid), n)
+
+    return count
+
+
+_COST: dict = {}
+_OVER: list[str] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Read the ledger and hold every module to its budget: one over it (or starting an
+    engine with no budget line) fails the run, naming the module and the count."""
+    from hetero_harness import cost_ledger
+
+    cost_ledger.close_process()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from cost_budget import BUDGET
+
+    _COST.update(cost_ledger.read(os.getpid()))
+    for module, cost in sorted(_COST.items()):
+        budget = BUDGET.get(module)
+        if budget is None:
+            if cost.engines or cost.rows:
+                _OVER.append(f"{module}: started {cost.engines} engines and sampled {cost.rows} rows "
+                             f"with no budget in tests/cost_budget.py")
+            continue
+        spent = {"compiled": cost.compiled + cost.cached, "eager": cost.eager, "serve": cost.serve, "rows": cost.rows}
+        for key, value in spent.items():
+            if value > getattr(budget, key):
+                _OVER.append(f"{module}: {key} {value} > its budget {getattr(budget, key)} (tests/cost_budget.py)")
+    if _OVER and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 # Seconds per test module (setup, call and teardown of its tests, module fixtures
 # included), printed at the end of every run: CI's log then shows where the time went.
 _MODULE_SECONDS: dict[str, float] = defaultdict(float)
@@ -109,6 +171,25 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 -- pytest's TerminalReporter
+    if _COST:
+        from cost_budget import BUDGET, Budget
+
+        terminalreporter.write_sep("=", "cost per test module (tests/cost_budget.py: its budget in brackets)")
+        terminalreporter.write_line(f"{'module':40s} {'compiled':>9s} {'cached':>7s} {'eager':>9s} {'serve':>9s} "
+                                    f"{'rows':>11s}")
+        total = {"compiled": 0, "cached": 0, "eager": 0, "serve": 0, "rows": 0}
+        for module, cost in sorted(_COST.items()):
+            b = BUDGET.get(module, Budget())
+            terminalreporter.write_line(
+                f"{module:40s} {cost.compiled:>4d} [{b.compiled:>2d}] {cost.cached:>7d} {cost.eager:>4d} [{b.eager:>2d}] "
+                f"{cost.serve:>4d} [{b.serve:>2d}] {cost.rows:>5d} [{b.rows:>4d}]")
+            for key in total:
+                total[key] += getattr(cost, key)
+        terminalreporter.write_line(
+            f"{'total':40s} {total['compiled']:>9d} {total['cached']:>7d} {total['eager']:>9d} {total['serve']:>9d} "
+            f"{total['rows']:>11d}")
+        for line in _OVER:
+            terminalreporter.write_line(f"OVER BUDGET: {line}", red=True)
     if not _MODULE_SECONDS:
         return
     terminalreporter.write_sep("=", "seconds per test module (with -n: summed over workers)")

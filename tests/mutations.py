@@ -469,6 +469,66 @@ MUTATIONS = [
         "    return min(ids) >= 0",
         ("tests/vocab/test_frequent_tokens.py",),
     ),
+    Mutation(
+        "bonus-min-tokens", "the bonus row's min_tokens counts committed outputs only, not the step's drafts",
+        "vllm_hetero_spec/verify/sampler.py",
+        "                logitsprocs=bonus_logits_processors(sampling_metadata.logitsprocs, num_draft),\n",
+        "",
+        ("tests/verify/test_output_so_far.py", "-k", "min_tokens"),
+    ),
+    Mutation(
+        "seed-shift", "a seeded token's generator mixes seed and position additively (n > 1 children shift-copy)",
+        "vllm_hetero_spec/verify/seeded.py",
+        "    return _splitmix64(_splitmix64(seed & _MASK64) ^ position) >> 1",
+        "    return _splitmix64((seed + position) & _MASK64) >> 1",
+        ("tests/verify/test_sampler_adapter.py", "-k", "children"),
+    ),
+    Mutation(
+        "tie-last", "a greedy row's exact tie goes to the last of the tied tokens, not the one vLLM's argmax takes",
+        "vllm_hetero_spec/verify/sampler.py",
+        "target_choice = None if sampling_metadata.all_random else target_logits.argmax(dim=-1)",
+        "target_choice = None if sampling_metadata.all_random else "
+        "(target_logits.shape[-1] - 1 - target_logits.flip(-1).argmax(dim=-1))",
+        ("tests/verify/test_sampler_adapter.py", "-k", "tie"),
+    ),
+    Mutation(
+        "order-bias-after-penalties", "logit_bias added after the penalties at the drafted rows",
+        "vllm_hetero_spec/verify/sampler.py",
+        '        target_logits = add_logit_bias(target_logits, sampling_metadata.logitsprocs, num_draft)\n        target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)\n',
+        '        target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)\n        target_logits = add_logit_bias(target_logits, sampling_metadata.logitsprocs, num_draft)\n',
+        ("tests/verify/test_transform_order.py", "-k", "first_drafted"),
+    ),
+    Mutation(
+        "order-penalties-after-temperature", "the penalties applied after temperature, min_p and the filters",
+        "vllm_hetero_spec/verify/sampler.py",
+        "        target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)\n        # Greedy rows (and seeded ones, below) are verified by equality with the target's token.\n        target_choice = None if sampling_metadata.all_random else target_logits.argmax(dim=-1)\n        min_p = min_p_rows(sampling_metadata.logitsprocs, metadata.cu_num_draft_tokens, target_logits.shape[0])\n        target_logits = constrain(target_logits, metadata.cu_num_draft_tokens, sampling_metadata, min_p)\n",
+        "        # Greedy rows (and seeded ones, below) are verified by equality with the target's token.\n        target_choice = None if sampling_metadata.all_random else target_logits.argmax(dim=-1)\n        min_p = min_p_rows(sampling_metadata.logitsprocs, metadata.cu_num_draft_tokens, target_logits.shape[0])\n        target_logits = constrain(target_logits, metadata.cu_num_draft_tokens, sampling_metadata, min_p)\n        target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)\n",
+        ("tests/verify/test_transform_order.py", "-k", "first_drafted"),
+    ),
+    Mutation(
+        "order-bias-last", "logit_bias added after temperature, min_p and the filters",
+        "vllm_hetero_spec/verify/sampler.py",
+        "        target_logits = add_logit_bias(target_logits, sampling_metadata.logitsprocs, num_draft)\n        target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)\n        # Greedy rows (and seeded ones, below) are verified by equality with the target's token.\n        target_choice = None if sampling_metadata.all_random else target_logits.argmax(dim=-1)\n        min_p = min_p_rows(sampling_metadata.logitsprocs, metadata.cu_num_draft_tokens, target_logits.shape[0])\n        target_logits = constrain(target_logits, metadata.cu_num_draft_tokens, sampling_metadata, min_p)\n",
+        "        target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)\n        # Greedy rows (and seeded ones, below) are verified by equality with the target's token.\n        target_choice = None if sampling_metadata.all_random else target_logits.argmax(dim=-1)\n        min_p = min_p_rows(sampling_metadata.logitsprocs, metadata.cu_num_draft_tokens, target_logits.shape[0])\n        target_logits = constrain(target_logits, metadata.cu_num_draft_tokens, sampling_metadata, min_p)\n        target_logits = add_logit_bias(target_logits, sampling_metadata.logitsprocs, num_draft)\n",
+        ("tests/verify/test_transform_order.py", "-k", "first_drafted"),
+    ),
+    Mutation(
+        "order-min-p-before-temperature", "min_p applied to the untempered law",
+        "vllm_hetero_spec/verify/target_constraints.py",
+        "    logits.div_(temperature.unsqueeze(-1))\n    if min_p is not None:\n        apply_min_p(logits, min_p)\n",
+        "    if min_p is not None:\n        apply_min_p(logits, min_p)\n    logits.div_(temperature.unsqueeze(-1))\n",
+        ("tests/verify/test_transform_order.py", "-k", "first_drafted"),
+    ),
+    Mutation(
+        "order-top-p-before-top-k", "verification's top-p cut taken over the whole law, then top-k",
+        "vllm_hetero_spec/verify/top_k_top_p.py",
+        "    ascending = ascending.masked_fill(ascending < kth, float(\"-inf\"))\n"
+        "    below = ascending.softmax(dim=-1).cumsum(dim=-1)  # [rows, k_max] mass up to and including each\n",
+        "    full = (ascending - logits.logsumexp(dim=-1, keepdim=True)).exp()\n"
+        "    below = (1 - full.sum(dim=-1, keepdim=True)) + full.cumsum(dim=-1)\n"
+        "    ascending = ascending.masked_fill(ascending < kth, float(\"-inf\"))\n",
+        ("tests/verify/test_top_k_top_p.py",),
+    ),
 ]
 
 

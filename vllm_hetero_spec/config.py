@@ -155,7 +155,9 @@ class HeteroSettings:
     algorithm: str = setting(
         "auto", "the verification rule ([algorithms.md](algorithms.md)); `auto`: chosen per request each step "
         "among the lossless rules `auto_greedy` (greedy requests) or `auto_sampled` (sampled ones) lists, by "
-        "the tokens per second each has shown on this engine ([algorithms.md](algorithms.md#auto))",
+        "the tokens per second each has shown on this engine ([algorithms.md](algorithms.md#auto)). Per request: "
+        "`SamplingParams(extra_args={\"algorithm\": rule})` or `vllm_xargs` over HTTP names one of the engine's rules "
+        "(a rule it lacks: HTTP 400)",
         choice(*ALGORITHMS), "")
     auto_greedy: tuple[str, ...] = setting(
         ("slem", "tli"), "`auto`'s candidates for greedy requests (T = 0), the first tried first",
@@ -272,6 +274,13 @@ class HeteroSettings:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def engine_rules(self) -> tuple[str, ...]:
+        """The rules an engine drafts with: its algorithm, or for ``auto`` the candidates
+        for greedy rows, then those for sampled rows (each once)."""
+        if self.algorithm != "auto":
+            return (self.algorithm,)
+        return tuple(dict.fromkeys((*self.auto_greedy, *self.auto_sampled)))
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HeteroSettings":
         return cls(**data)
@@ -306,6 +315,30 @@ def request_fsd_threshold(extra_args: Mapping[str, Any] | None, default: float) 
             "e.g. 0.1, or 0 for lossless verification"
         )
     return float(value)
+
+
+RULE_ARG = "algorithm"
+
+
+def request_rule(extra_args: Mapping[str, Any] | None, engine_rules: tuple[str, ...] | None) -> str | None:
+    """The rule a request names (``SamplingParams.extra_args["algorithm"]``, over HTTP
+    ``vllm_xargs``), or None where it names none and the engine chooses.
+
+    Why a request may name its rule: a user who knows which rule suits a kind of traffic
+    can say so per request on one engine, and one engine can verify every rule in one
+    batch. It may name any rule the engine drafts with (``engine_rules``: its algorithm,
+    or ``auto``'s candidates; None checks the name alone). Raises ``ValueError`` naming
+    the argument otherwise, the error vLLM's request validation turns into HTTP 400."""
+    if not extra_args or RULE_ARG not in extra_args:
+        return None
+    value = extra_args[RULE_ARG]
+    allowed = RULES if engine_rules is None else engine_rules
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(
+            f"extra_args['{RULE_ARG}'] must name one of this engine's rules {list(allowed)}, got {value!r}; "
+            "add a rule to the config's 'auto_greedy' or 'auto_sampled' (with 'algorithm': 'auto') to offer it"
+        )
+    return value
 
 
 def load_spec_dict(spec: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:

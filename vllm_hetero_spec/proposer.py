@@ -34,7 +34,7 @@ import torch
 from vllm.config import VllmConfig
 
 from vllm_hetero_spec.policy.step_log import StepLog
-from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
+from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings, request_rule
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.placement.executors import DraftExecutor, make_executor
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runtime_config
@@ -62,6 +62,11 @@ def _tp_group() -> Any:
     except (AssertionError, ImportError, AttributeError):
         return None
     return group if group.world_size > 1 else None
+
+
+def _own(asked: list[str | None], chosen: list[str]) -> list[str]:
+    """Each row's rule: the one its request names, else the one ``auto`` chose."""
+    return [a or c for a, c in zip(asked, chosen)]
 
 
 class HeteroProposer:
@@ -100,6 +105,7 @@ class HeteroProposer:
         self.rules: RuleChooser | None = None
         if self.settings.algorithm == "auto":
             self.rules = RuleChooser(self.settings.auto_greedy, self.settings.auto_sampled)
+        self._rules_offered = self.settings.engine_rules()
         self._stats = DrafterStats()
         self.step_log: StepLog | None = None  # advise's timings, when it asks (advise/probe.py)
         self.board = MetricsBoard(
@@ -286,12 +292,14 @@ class HeteroProposer:
             drafting = [n > 0 and cap > 0 for n, cap in zip(sampled, caps)]
             if self.rules is not None:
                 self.rules.observe(start, req_ids, sampled)
+                asked = [self._asked_rule(r) for r in req_ids]
             if not any(caps):
                 lengths = [0] * len(req_ids)
             else:
                 if self.rules is not None:
-                    rules = self.rules.choose(temperatures,
-                                              lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, rs))
+                    rules = self.rules.choose(
+                        temperatures, lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, _own(asked, rs)))
+                    rules = _own(asked, rules)
                 lengths = [min(n, cap) for n, cap in zip(self.budget.plan(req_ids, drafting, row_lengths, rules), caps)]
             if rules is not None:
                 params = [dataclasses.replace(p, rule=rule) for p, rule in zip(params, rules)]
@@ -307,7 +315,7 @@ class HeteroProposer:
             proposed = [len(o) for o in out]
             self.budget.record(req_ids, proposed, end - start, end, row_lengths, rules)
             if rules is not None:
-                self.rules.record(req_ids, temperatures, rules, proposed)
+                self.rules.record(req_ids, temperatures, rules, proposed, [a is not None for a in asked])
             if self.step_log is not None:
                 self.step_log.add(start, end, req_ids, sampled, proposed)
             if logger.isEnabledFor(logging.DEBUG):  # VLLM_LOGGING_LEVEL=DEBUG
@@ -370,6 +378,19 @@ class HeteroProposer:
             # bypassed it must not take the engine down: keep the configured tau.
             logger.warning("request %s: %s; using fsd_threshold=%s", req_id, err, tau)
         return RequestParams(float(p.temperature), int(p.top_k or 0), float(p.top_p), p.seed, tau)
+
+    def _asked_rule(self, req_id: str) -> str | None:
+        """The rule the request names (``extra_args["algorithm"]``), or None: ``auto``
+        chooses. The front end refuses a rule this engine lacks (request_validation.py);
+        one that bypassed it is logged and left to ``auto``, never raised here."""
+        p = self.runner.requests[req_id].sampling_params
+        if p is None:
+            return None
+        try:
+            return request_rule(p.extra_args, self._rules_offered)
+        except ValueError as err:
+            logger.warning("request %s: %s; auto chooses its rule", req_id, err)
+            return None
 
     def _grammar_cut(self, req_id: str) -> bool:
         """Whether vLLM's scheduler cuts this request's drafts at the first token its

@@ -16,17 +16,19 @@ from typing import Any
 
 from vllm.exceptions import VLLMValidationError
 
-from vllm_hetero_spec.config import FSD_THRESHOLD_ARG, request_fsd_threshold
+from vllm_hetero_spec.config import FSD_THRESHOLD_ARG, RULE_ARG, request_fsd_threshold, request_rule
 
 
-REQUEST_KEYS = (FSD_THRESHOLD_ARG,)
+REQUEST_KEYS = (FSD_THRESHOLD_ARG, RULE_ARG)
 
 
-def check_extra_args(extra_args: Mapping[str, Any] | None) -> None:
+def check_extra_args(extra_args: Mapping[str, Any] | None, engine_rules: tuple[str, ...] | None = None) -> None:
     """Raise ``VLLMValidationError`` for a per-request hetero setting that cannot be used.
 
     ``extra_args`` is shared with vLLM and other plugins, so unknown keys are allowed,
-    except near-misses of ours (a typo would otherwise be ignored silently)."""
+    except near-misses of ours (a typo would otherwise be ignored silently).
+    ``engine_rules``: the rules the engine drafts with, where the caller knows them (a
+    request may name only those); None checks that a named rule exists."""
     if not extra_args:
         return
     for key in extra_args:
@@ -37,6 +39,11 @@ def check_extra_args(extra_args: Mapping[str, Any] | None) -> None:
                     f"unknown per-request setting vllm_xargs.{key}; did you mean '{close[0]}'?",
                     parameter=f"vllm_xargs.{key}",
                 )
+    if RULE_ARG in extra_args:
+        try:
+            request_rule(extra_args, engine_rules)
+        except ValueError as err:
+            raise VLLMValidationError(str(err), parameter=f"vllm_xargs.{RULE_ARG}", value=extra_args[RULE_ARG]) from err
     if FSD_THRESHOLD_ARG not in extra_args:
         return
     try:

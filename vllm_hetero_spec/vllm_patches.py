@@ -373,6 +373,7 @@ def _patch_request_validation() -> None:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.engine.input_processor import InputProcessor
 
+    from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
     from vllm_hetero_spec.request_validation import check_extra_args
 
     for request_cls in (ChatCompletionRequest, CompletionRequest):
@@ -391,7 +392,9 @@ def _patch_request_validation() -> None:
     @functools.wraps(validate)
     def _validate_params(self: InputProcessor, params: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(params, SamplingParams):
-            check_extra_args(params.extra_args)
+            raw = (self.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+            rules = None if raw is None else HeteroSettings.from_dict(raw).engine_rules()
+            check_extra_args(params.extra_args, rules)
         return validate(self, params, *args, **kwargs)
 
     patch(InputProcessor, "_validate_params", _validate_params, _patch_request_validation.__doc__)

@@ -157,7 +157,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     json_schemas (one per prompt, or None: structured output, a JSON schema the output
     must follow), params (one dict per prompt of more ``SamplingParams`` fields, e.g.
     min_p, logit_bias), solo (prompt indices run again one at a time after the timed
-    batch, their tokens returned as ``solo_token_ids`` and their drafts as ``solo_num_drafts``; the
+    batch, their tokens returned as ``solo_token_ids`` and their drafts as ``solo_num_drafts``, per request
+    ``solo_num_drafts_each``; the
     batch's metrics do not count them), time_calls (more runner methods to time, e.g. ``_model_forward``; the
     result then carries every timed method's per-call seconds as ``runner_calls``).
     """
@@ -222,8 +223,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         probe["draft_forward_ms"] = llm.collective_rpc("hetero_probe_draft_ms", args=(job["draft_ms_batches"],))[0]
     runner_calls = probe.pop("runner_calls")
     # Requests run again one at a time, after the batch (another batch, another history).
-    solo = [llm.generate([prompts[i]], [params(i)], use_tqdm=False)[0] for i in job.get("solo", [])]
-    solo_drafts = spec_decode_delta({m.name: m for m in after}, llm.get_metrics())["num_drafts"]
+    solo, solo_each, seen = [], [], {m.name: m for m in after}
+    for i in job.get("solo", []):
+        solo.append(llm.generate([prompts[i]], [params(i)], use_tqdm=False)[0])
+        now = llm.get_metrics()
+        solo_each.append(spec_decode_delta(seen, now)["num_drafts"])
+        seen = {m.name: m for m in now}
+    solo_drafts = sum(solo_each)
 
     spec = spec_decode_delta(before, after)
     n_out = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -236,6 +242,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         **spec,
         "solo_token_ids": [list(o.outputs[0].token_ids) for o in solo],
         "solo_num_drafts": solo_drafts,
+        "solo_num_drafts_each": solo_each,
         # What a request's params asked for beyond its first completion's tokens.
         "extras": [_extras(o) for o in outputs],
     }

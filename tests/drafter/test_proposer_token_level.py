@@ -458,3 +458,30 @@ def test_auto_gives_each_kind_of_request_its_rule(monkeypatch, bridge, smollm2, 
     assert all(j < 0 for j in plan.q_index.get("g", []))
     assert prop.rules.chosen == {"slem": 1, "tli": 1}
     assert prop.rules._last.kinds == ["greedy", "sampled"]
+
+
+def test_a_request_that_names_its_rule_drafts_with_it(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """``extra_args["algorithm"]``: a greedy row naming tli drafts with tli (q in the
+    plan) beside one auto gives slem, the budget sees the rule each row uses, and the
+    chooser counts the named row's drafts without measuring it as its own choice."""
+    a, b, _ = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "auto", [a, b, a, b], auto_greedy=("slem", "tli"),
+                     auto_sampled=("tli",))
+    seen: list[list[str]] = []
+    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(rules) or [K] * 2)
+    _attach(prop, {"g": SamplingParams(temperature=0.0),
+                   "named": SamplingParams(temperature=0.0, extra_args={"algorithm": "tli"})}, ["g", "named"])
+    out = _propose(prop, qwen05, 2)
+    assert seen == [["slem", "tli"]] and all(out)
+    assert prop.rules.chosen == {"slem": 1, "tli": 1}
+    assert prop.rules._last.kinds == ["greedy", "pinned"]
+
+
+def test_a_request_naming_a_rule_the_engine_lacks_keeps_the_engine_alive(monkeypatch, bridge, smollm2, qwen05) -> None:
+    """The front end refuses it (request_validation.py); one that bypassed it drafts with
+    auto's choice and the step does not fail."""
+    a, b, _ = _ids(bridge)
+    prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "auto", [a, b, a, b])
+    _attach(prop, {"r": SamplingParams(temperature=0.0, extra_args={"algorithm": "union"})}, ["r"])
+    assert all(_propose(prop, qwen05, 1))
+    assert prop.rules.chosen == {"slem": 1}

@@ -1,5 +1,8 @@
-"""Run in a child process by test_lifecycle.py: aborts and finished requests must leave
-no per-request draft state behind. Prints one JSON line with what it observed."""
+"""Run in a child process by test_lifecycle.py: one engine whose target KV cache is 4
+blocks, so that both halves of the lifecycle happen in it. First aborts and finished
+requests must leave no per-request draft state behind; then four requests that outgrow
+a block make vLLM preempt running requests (their draft state dropped, rebuilt when they
+resume). Prints one JSON line with what it observed and the preempted batch's tokens."""
 
 from __future__ import annotations
 
@@ -16,16 +19,21 @@ from vllm import LLM, SamplingParams
 
 from hetero_harness.evaluation import RESULT_PREFIX, _find_drafter
 from hetero_harness.prompts import BRIDGE_STRESS
+from vllm_hetero_spec.advise.counters import spec_decode_delta
 
-
-def main(target: str, draft: str) -> None:
+def main(target: str, draft: str, preempt: dict) -> None:
+    """``preempt``: the preemption half's prompts, tokens, KV blocks and context
+    (test_lifecycle.PREEMPT, which its plain reference uses too)."""
     llm = LLM(
         model=target,
         dtype="float32",
-        max_model_len=1024,
+        max_model_len=preempt["max_model_len"],
+        num_gpu_blocks_override=preempt["num_kv_blocks"],
         enforce_eager=True,
-        # A fixed draft length: every step drafts, so every request has draft state to leak.
-        speculative_config={"method": "hetero", "model": draft, "num_speculative_tokens": 3, "algorithm": "slem",
+        disable_log_stats=False,
+        # A fixed draft length: every step drafts, so every request has draft state to
+        # leak, and preempted requests have draft state to rebuild.
+        speculative_config={"method": "hetero", "model": draft, "num_speculative_tokens": 4, "algorithm": "tli",
                             "draft_budget": "fixed"},
     )
     engine = llm.llm_engine
@@ -46,9 +54,16 @@ def main(target: str, draft: str) -> None:
     while engine.has_unfinished_requests():
         engine.step()
         during_next.append(len(drafter.states))
-    result = {"peak": peak, "finished": sorted(finished), "after_all": after_all, "during_next": during_next}
+    before = {m.name: m for m in llm.get_metrics()}
+    outputs = llm.generate(preempt["prompts"], SamplingParams(max_tokens=preempt["max_tokens"], temperature=0.0,
+                                                              ignore_eos=True), use_tqdm=False)
+    spec = spec_decode_delta(before, llm.get_metrics())
+    result = {"peak": peak, "finished": sorted(finished), "after_all": after_all, "during_next": during_next,
+              "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+              "num_preemptions": spec["num_preemptions"], "num_accepted_tokens": spec["num_accepted_tokens"],
+              "fallbacks": drafter.stats.fallbacks}
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))

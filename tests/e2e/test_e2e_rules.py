@@ -84,32 +84,46 @@ IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 RAY_PATIENCE = {"ray_timeout_s": 300.0}
 
 MIXED = "auto-mixed"
-# tli drafts with its output layer over SmolLM2's 16384 most frequent tokens: a q that is 0
+# fsd drafts with its output layer over SmolLM2's 16384 most frequent tokens: a q that is 0
 # on two thirds of the vocabulary must still verify exactly.
 HEAD = 16384
-# Every lossless rule (dtw in its lossless verification mode, fsd at tau = 0), union also
-# drafting in a Ray actor (pipelined drafts come from forked random streams, and union's
-# forced rejections travel back from the actor), auto (the default, its greedy and
-# sampled rows drafting with different rules in one step), and dtw's paper-faithful
-# transfer (lossless at T = 0 only: greedy rows alone). The rules that verify with a real
-# q also run structured outputs; tli with a subset output layer (draft_head_tokens).
-# Every case also runs the seeded requests (first in auto's batch, last elsewhere), which
-# must come out the same in every engine (other rules, drafts, batches and histories),
-# and again one at a time after the batch in two of them.
-CASES: dict[str, tuple[dict, tuple[Rows, ...]]] = {
-    MIXED: ({"algorithm": "auto"}, (SEEDED, GREEDY, SAMPLED)),
-    "slem": ({"algorithm": "slem"}, (GREEDY, SAMPLED, SEEDED)),
-    "tli": ({"algorithm": "tli", "draft_head_tokens": HEAD}, (GREEDY, SAMPLED, JSON, SEEDED)),
-    "dtw": ({"algorithm": "dtw", "dtw_verify": "lossless"}, (GREEDY, SAMPLED, SEEDED)),
-    "slrs": ({"algorithm": "slrs"}, (GREEDY, SAMPLED, SEEDED)),
-    "union": ({"algorithm": "union"}, (GREEDY, SAMPLED, JSON, SEEDED)),
-    "fsd": ({"algorithm": "fsd", "fsd_threshold": 0.0}, (GREEDY, SAMPLED, SEEDED)),
-    "union-ray": ({"algorithm": "union", "executor": "ray", **RAY_PATIENCE}, (GREEDY, SAMPLED, SEEDED)),
-    "dtw-faithful": ({"algorithm": "dtw", "dtw_verify": "faithful"}, (GREEDY, SEEDED)),
+# One engine offers every lossless rule (``algorithm: auto``, each of them a candidate for
+# both kinds of request) and each case's requests name their rule
+# (``extra_args["algorithm"]``, vLLM's ``vllm_xargs`` over HTTP), so that engine verifies
+# every rule in mixed batches, beside auto's own choices (MIXED: its greedy and sampled rows
+# drafting with different rules in one step). Three settings are the engine's, not a
+# request's, and keep an engine each: union drafting in a Ray actor (pipelined drafts come
+# from forked random streams, and union's forced rejections travel back from the actor),
+# fsd at tau = 0 (with the frequent-token output layer, draft_head_tokens), and dtw's
+# paper-faithful transfer (lossless at T = 0 only: greedy rows alone). The rules that verify
+# with a real q also run structured outputs. Every case also runs the seeded requests
+# (first in auto's rows, last elsewhere), which must come out the same in every engine
+# (other rules, drafts, batches and histories), and again one at a time after the batch.
+ALL_RULES = ["slem", "tli", "dtw", "slrs", "union"]
+# auto starts greedy rows on slem and sampled ones on tli, so its rows of one step differ.
+RULES_ENGINE = {"algorithm": "auto", "auto_greedy": ALL_RULES, "auto_sampled": ["tli", "slrs", "union", "slem", "dtw"],
+                "dtw_verify": "lossless"}
+# case: (its engine, the rule its requests name or None for auto's choice, its rows)
+CASES: dict[str, tuple[str, str | None, tuple[Rows, ...]]] = {
+    MIXED: ("rules", None, (SEEDED, GREEDY, SAMPLED)),
+    "slem": ("rules", "slem", (GREEDY, SAMPLED, SEEDED)),
+    "tli": ("rules", "tli", (GREEDY, SAMPLED, JSON, SEEDED)),
+    "dtw": ("rules", "dtw", (GREEDY, SAMPLED, SEEDED)),
+    "slrs": ("rules", "slrs", (GREEDY, SAMPLED, SEEDED)),
+    "union": ("rules", "union", (GREEDY, SAMPLED, JSON, SEEDED)),
+    "fsd": ("fsd", None, (GREEDY, SAMPLED, SEEDED)),
+    "union-ray": ("union-ray", None, (GREEDY, SAMPLED, SEEDED)),
+    "dtw-faithful": ("dtw-faithful", None, (GREEDY, SEEDED)),
 }
-SOLO_CASES = (MIXED, "tli")
-SAMPLED_CASES = [c for c, (_, rows) in CASES.items() if SAMPLED in rows]
-JSON_CASES = [c for c, (_, rows) in CASES.items() if JSON in rows]
+ENGINES: dict[str, dict] = {
+    "rules": RULES_ENGINE,
+    "fsd": {"algorithm": "fsd", "fsd_threshold": 0.0, "draft_head_tokens": HEAD},
+    "union-ray": {"algorithm": "union", "executor": "ray", **RAY_PATIENCE},
+    "dtw-faithful": {"algorithm": "dtw", "dtw_verify": "faithful"},
+}
+SOLO_CASES = (MIXED, "tli", "fsd")
+SAMPLED_CASES = [c for c, (_, _, rows) in CASES.items() if SAMPLED in rows]
+JSON_CASES = [c for c, (_, _, rows) in CASES.items() if JSON in rows]
 
 
 def _prompts(group: Rows, prompts: dict) -> list[list[int]]:
@@ -119,32 +133,35 @@ def _prompts(group: Rows, prompts: dict) -> list[list[int]]:
     return prompts["greedy"] if group.greedy else [prompts["sampled"]] * group.count
 
 
-def _job(target: str, prompts: dict[str, list[int] | list[list[int]]], rows: tuple[Rows, ...],
-         spec: dict | None, solo: bool = False) -> dict:
-    """One engine's requests: ``rows`` in order (greedy before sampled, so that greedy
-    rows share their steps with sampled ones); only the seeded group has seeds (the
-    others draw from the engine's stream: a seeded row is verified by equality with its
-    seeded sample, and the distribution tests are there to test the rules' acceptance);
-    with ``solo`` the seeded requests also run one at a time after the batch."""
-    ids, temps, schemas, lengths, seeds = [], [], [], [], []
-    for group in rows:
+def _job(target: str, prompts: dict[str, list[int] | list[list[int]]],
+         groups: list[tuple[str, str | None, Rows]], spec: dict | None, solo_cases: tuple[str, ...] = ()) -> dict:
+    """One engine's requests: each case's ``groups`` in order (greedy before sampled, so
+    that greedy rows share their steps with sampled ones), each request naming its case's
+    rule where it has one; only the seeded groups have seeds (the others draw from the
+    engine's stream: a seeded row is verified by equality with its seeded sample, and the
+    distribution tests are there to test the rules' acceptance); the seeded requests of
+    ``solo_cases`` also run one at a time after the batch."""
+    ids, temps, schemas, lengths, seeds, params, solo = [], [], [], [], [], [], []
+    for case, rule, group in groups:
         batch = _prompts(group, prompts)
-        if group.seeded and solo:
-            solo_rows = list(range(len(ids), len(ids) + len(batch)))
+        if group.seeded and case in solo_cases:
+            solo += range(len(ids), len(ids) + len(batch))
         ids += batch
         temps += [0.0 if group.greedy else group.temperature] * len(batch)
         schemas += [group.schema] * len(batch)
         lengths += [GREEDY_TOKENS if group.greedy else SEEDED_TOKENS if group.seeded else 3] * len(batch)
         seeds += SEEDS[: len(batch)] if group.seeded else [None] * len(batch)
-    structured = any(group.schema for group in rows)
+        params += [{"extra_args": {"algorithm": rule}} if rule else {}] * len(batch)
+    structured = any(group.schema for _, _, group in groups)
     return {
         "target": target,
         "prompts": ids,
         "request_seeds": seeds,
-        "solo": solo_rows if solo else [],
+        "solo": solo,
         "max_tokens": lengths,
         "temperatures": temps,
         "json_schemas": schemas,
+        "params": params,
         # Structured outputs need vLLM's tokenizer (the grammar is compiled over it).
         "skip_tokenizer_init": not structured,
         "ignore_eos": True,
@@ -152,41 +169,57 @@ def _job(target: str, prompts: dict[str, list[int] | list[list[int]]], rows: tup
         "max_num_seqs": 64,
         "speculative_config": spec,
         "warmup": False,
-        "enforce_eager": True,  # start sooner; default flags: test_e2e_greedy, test_serving
+        "enforce_eager": True,  # start sooner; default flags: test_serving, test_readme_commands
         **FILTERS,
     }
 
 
-def _split(result: dict | Exception, rows: tuple[Rows, ...], prompts: dict) -> dict[str, dict | Exception]:
-    """``result`` cut into one result per group of ``rows``."""
-    if isinstance(result, Exception):
-        return {group.name: result for group in rows}
-    out, start = {}, 0
-    for group in rows:
+def _split(result: dict | Exception, groups: list[tuple[str, str | None, Rows]], prompts: dict,
+           solo: list[int]) -> dict[str, dict[str, dict | Exception]]:
+    """``result`` cut into one result per case and group: ``{case: {rows name: result}}``;
+    a case's seeded rows run alone come as ``solo_token_ids``."""
+    out: dict[str, dict[str, dict | Exception]] = {}
+    start = solo_start = 0
+    for case, _, group in groups:
         n = len(_prompts(group, prompts))
-        out[group.name] = {**result, "token_ids": result["token_ids"][start:start + n]}
+        if isinstance(result, Exception):
+            out.setdefault(case, {})[group.name] = result
+            continue
+        part = {**result, "token_ids": result["token_ids"][start:start + n], "solo_token_ids": []}
+        if start in solo:
+            part["solo_token_ids"] = result["solo_token_ids"][solo_start:solo_start + n]
+            solo_start += n
+        out.setdefault(case, {})[group.name] = part
         start += n
     return out
 
 
 @pytest.fixture(scope="module")
-def runs(selected_params, gemma: str, smollm2: str) -> dict[str, dict[str, dict | Exception]]:
-    """The target alone and every selected case, two engines at a time, the longest
-    first: ``{"target" or case: {rows name: result}}``. A fixed draft length, so that
-    every step drafts and the tests keep their power (the Qwen pair's identity tests,
-    test_e2e_greedy.py, run the adaptive budget)."""
+def runs(selected_params, gemma: str, smollm2: str, count_rows) -> dict[str, dict[str, dict | Exception]]:
+    """The target alone and every engine the selected cases need, two at a time, the
+    longest first: ``{"target" or case: {rows name: result}}``. A fixed draft length, so
+    that every step drafts and the tests keep their power (the Qwen pair's identity tests,
+    test_serving.py, run the adaptive budget)."""
     cases = list(dict.fromkeys(selected_params("case") + selected_params("json_case")))
     tok = AutoTokenizer.from_pretrained(gemma)
     prompts = {"sampled": tok(PROMPT).input_ids, "greedy": [tok(p).input_ids for p in BRIDGE_STRESS]}
-    jobs = {"target": (_job(gemma, prompts, TARGET_ROWS, None), TARGET_ROWS)}
-    for case in cases:
-        spec, rows = CASES[case]
-        jobs[case] = (_job(gemma, prompts, rows, {
-            "method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "draft_budget": "fixed", **spec},
-            solo=case in SOLO_CASES), rows)
+    target_groups = [("target", None, group) for group in TARGET_ROWS]
+    jobs = {"target": (_job(gemma, prompts, target_groups, None), target_groups)}
+    for engine, spec in ENGINES.items():
+        groups = [(case, rule, group) for case in cases for group in CASES[case][2]
+                  if CASES[case][0] == engine for rule in (CASES[case][1],)]
+        if groups:
+            jobs[engine] = (_job(gemma, prompts, groups, {
+                "method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "draft_budget": "fixed", **spec},
+                SOLO_CASES), groups)
+    count_rows(sum(len(_prompts(g, prompts)) for job, groups in jobs.values() for _, _, g in groups
+                   if not g.greedy and not g.seeded))
     order = sorted(jobs, key=lambda name: -len(jobs[name][0]["prompts"]))
     results = run_isolated_many([jobs[name][0] for name in order], env=IN_PROCESS)
-    return {name: _split(result, jobs[name][1], prompts) for name, result in zip(order, results)}
+    out: dict[str, dict[str, dict | Exception]] = {}
+    for name, result in zip(order, results):
+        out.update(_split(result, jobs[name][1], prompts, jobs[name][0]["solo"]))
+    return out
 
 
 def _tokens(runs: dict, name: str, rows: str) -> list[list[int]]:
@@ -196,10 +229,10 @@ def _tokens(runs: dict, name: str, rows: str) -> list[list[int]]:
         summary = {k: result.get(k) for k in ("num_draft_tokens", "num_accepted_tokens", "fallbacks", "elapsed_s",
                                               "drafter_stats")}
         assert result["num_accepted_tokens"] > 0 and result["fallbacks"] == 0, summary
-        if CASES[name][0]["algorithm"] == "slrs":  # psi was computed, not skipped for slem
+        if CASES[name][1] in ("slrs", "slem", "dtw", "tli", "union"):  # each named rule drafted
+            assert CASES[name][1] in result["rules_chosen"], result["rules_chosen"]
+        if CASES[name][1] == "slrs":  # psi was computed, not skipped for slem
             assert result["drafter_stats"]["slrs_tree_nodes"] > 0, result["drafter_stats"]
-        if name == MIXED:  # greedy and sampled rows drafted, with their kinds' rules
-            assert {"slem", "tli"} & set(result["rules_chosen"]) and {"tli", "slrs"} & set(result["rules_chosen"])
     return result["token_ids"]
 
 

@@ -121,7 +121,114 @@ def test_min_p_logit_bias_and_seeds_over_http(servers, qwen05: str) -> None:
     assert _text(hetero, prompt, seed=6, **sampled) != alone
 
 
+# Every SamplingParams field plain decoding applies to the tokens, one request each at
+# T = 0 over HTTP (docs/verification.md's table points here), sent at once with seeded T = 1
+# requests, so the shipped config's steps draft greedy and sampled rows with different rules.
+CODE = "def merge_sorted(a, b):"
+FIELDS: dict[str, tuple[str, dict]] = {
+    "repetition_penalty": (CODE, {"repetition_penalty": 1.3}),
+    "presence and frequency penalties": (CODE, {"presence_penalty": 1.0, "frequency_penalty": 0.7}),
+    "bad_words": (CODE, {"bad_words": [" the", "(", " if"]}),
+    "allowed_token_ids": (CODE, {"allowed_token_ids": list(range(4000))}),
+    "min_tokens": ("The capital of France is Paris.<|endoftext|>", {"min_tokens": 16}),
+    "stop strings": (CODE, {"stop": ["\n"], "include_stop_str_in_output": True}),
+    "logprobs": (CODE, {"logprobs": 3}),
+    "prompt_logprobs": (CODE, {"prompt_logprobs": 2}),
+    "n = 2": (BRIDGE_STRESS[1], {"n": 2, "temperature": 1.0, "min_p": 1.0}),  # n > 1 needs T > 0; min_p = 1: greedy
+}
+
+
+def _completion(server: ServerProcess, prompt: str, fields: dict) -> dict:
+    body = {"model": server.model, "prompt": prompt, "max_tokens": 24, "temperature": 0.0, **fields}
+    resp = httpx.post(f"{server.url}/v1/completions", json=body, timeout=600)
+    assert resp.status_code == 200, resp.text[:500]
+    return resp.json()
+
+
+@pytest.fixture(scope="module")
+def field_runs(servers) -> dict[str, tuple[dict, dict]]:
+    """Each field's response from both servers (all requests at once), and the seeded
+    T = 1 requests sent with them to the hetero server."""
+    plain, hetero = servers
+    seeded = [(hetero, p, {"temperature": 1.0, "seed": i}) for i, p in enumerate(BRIDGE_STRESS)]
+    jobs = [(server, prompt, fields) for server in (hetero, plain) for prompt, fields in FIELDS.values()]
+    out = parallel(_completion, jobs + seeded)
+    assert all(o["choices"][0]["text"] for o in out[len(jobs):])
+    return {field: (out[i], out[len(FIELDS) + i]) for i, field in enumerate(FIELDS)}
+
+
+@pytest.mark.parametrize("field", list(FIELDS))
+def test_every_sampling_field_as_plain_decoding_applies_it(field_runs, field: str) -> None:
+    """The request with ``field`` set gives the plain server's text, finish and stop
+    reasons, every completion (n), and the same logprobs (to float32 rounding between
+    one- and multi-token forwards)."""
+    got, want = field_runs[field]
+    assert len(got["choices"]) == len(want["choices"])
+    for g, w in zip(got["choices"], want["choices"]):
+        assert (g["text"], g["finish_reason"], g["stop_reason"]) == (w["text"], w["finish_reason"], w["stop_reason"])
+        if w["logprobs"] is not None:
+            assert g["logprobs"]["tokens"] == w["logprobs"]["tokens"]
+            assert g["logprobs"]["token_logprobs"] == pytest.approx(w["logprobs"]["token_logprobs"], abs=2e-3)
+            assert [sorted(t) for t in g["logprobs"]["top_logprobs"]] == [sorted(t) for t in w["logprobs"]["top_logprobs"]]
+        if w.get("prompt_logprobs") is not None:
+            assert len(g["prompt_logprobs"]) == len(w["prompt_logprobs"])
+            for a, b in zip(w["prompt_logprobs"], g["prompt_logprobs"]):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    assert a.keys() == b.keys()
+                    assert [b[t]["logprob"] for t in a] == pytest.approx([a[t]["logprob"] for t in a], abs=2e-3)
+    asked, first = FIELDS[field][1], got["choices"][0]
+    if "n" in asked:
+        assert len(got["choices"]) == asked["n"]
+    if "logprobs" in asked:
+        assert len(first["logprobs"]["tokens"]) > 0
+    if "prompt_logprobs" in asked:
+        assert first["prompt_logprobs"], "no prompt logprobs came back: the test would prove little"
+    if "stop" in asked:
+        assert first["finish_reason"] == "stop", "the stop string never came: the test would prove little"
+    if "min_tokens" in asked:
+        assert got["usage"]["completion_tokens"] >= asked["min_tokens"]
+
+
+def test_greedy_and_sampled_rows_drafted_with_their_kinds_rules(field_runs, servers) -> None:
+    """The shipped config's auto drafted greedy rows with a greedy candidate and the
+    seeded T = 1 rows with a sampled one (counted per rule on /metrics)."""
+    _, hetero = servers
+    used = {r for r in ("slem", "tli", "slrs") if hetero.metric_sum(f"hetero:{r}_request_steps_total") > 0}
+    assert {"slem", "tli"} & used and {"tli", "slrs"} & used and used != {"tli"}, used
+    assert hetero.metric_sum("hetero:fallbacks_total") == 0
+
+
+def _token_ids(choice: dict) -> list[int]:
+    """A completion's token ids (asked with ``logprobs: 0, return_tokens_as_token_ids``)."""
+    return [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]]
+
+
+def test_a_min_tokens_boundary_inside_a_step_stops_where_plain_decoding_stops(servers) -> None:
+    """For each output index j of a greedy completion (24 tokens) whose token first occurs
+    there, a request with ``min_tokens = j`` and that token as its stop token: plain
+    decoding stops exactly at j (the stop is masked before j, where it is not the argmax
+    anyway, and allowed at j). The hetero server drafts every step (its floor), so these
+    boundaries fall on drafted rows and on bonus rows, where the stop must be allowed when
+    committed outputs plus the accepted drafts reach ``min_tokens``."""
+    plain, hetero = servers
+    as_ids = {"logprobs": 0, "return_tokens_as_token_ids": True}
+    base = _token_ids(_completion(plain, CODE, as_ids)["choices"][0])
+    cases = [(j, t) for j, t in enumerate(base) if j > 0 and t not in base[:j]]
+    assert len(cases) >= 8, base
+    jobs = [(server, CODE, {**as_ids, "min_tokens": j, "stop_token_ids": [t]}) for server in (plain, hetero)
+            for j, t in cases]
+    out = parallel(_completion, jobs)
+    want, got = out[:len(cases)], out[len(cases):]
+    for (j, t), w, g in zip(cases, want, got):
+        assert _token_ids(w["choices"][0]) == base[: j + 1] and w["choices"][0]["stop_reason"] == t, (j, w)
+        assert _token_ids(g["choices"][0]) == base[: j + 1], f"min_tokens = {j}: {_token_ids(g['choices'][0])}"
+        assert g["choices"][0]["finish_reason"] == "stop" and g["choices"][0]["stop_reason"] == t
+
+
 BAD_REQUESTS = {
+    "algorithm unknown": {"prompt": "hi", "max_tokens": 4, "vllm_xargs": {"algorithm": "nope"}},
+    "algorithm the engine lacks": {"prompt": "hi", "max_tokens": 4, "vllm_xargs": {"algorithm": "union"}},
     "fsd_threshold negative": {"prompt": "hi", "max_tokens": 4, "vllm_xargs": {"fsd_threshold": -1}},
     "fsd_threshold not a number": {"prompt": "hi", "max_tokens": 4, "vllm_xargs": {"fsd_threshold": "abc"}},
     "fsd_threshold misspelt": {"prompt": "hi", "max_tokens": 4, "vllm_xargs": {"fsd_treshold": 0.1}},

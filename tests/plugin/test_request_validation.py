@@ -12,7 +12,8 @@ from vllm_hetero_spec import vllm_patches
 from vllm_hetero_spec.request_validation import check_extra_args
 
 
-@pytest.mark.parametrize("extra", [None, {}, {"fsd_threshold": 0}, {"fsd_threshold": 0.25}, {"someone_elses": 1}])
+@pytest.mark.parametrize("extra", [None, {}, {"fsd_threshold": 0}, {"fsd_threshold": 0.25}, {"someone_elses": 1},
+                                   {"algorithm": "slrs"}, {"algorithm": "fsd"}])
 def test_good_extra_args_pass(extra) -> None:
     check_extra_args(extra)
 
@@ -26,6 +27,10 @@ def test_good_extra_args_pass(extra) -> None:
         ({"fsd_threshold": "0.1"}, "finite number >= 0"),
         ({"fsd_threshold": True}, "finite number >= 0"),
         ({"fsd_treshold": 0.1}, "did you mean 'fsd_threshold'"),
+        ({"algorithm": "sleme"}, "must name one of this engine's rules"),
+        ({"algorithm": 3}, "must name one of this engine's rules"),
+        ({"algorithm": "auto"}, "must name one of this engine's rules"),
+        ({"algorithms": "slem"}, "did you mean 'algorithm'"),
     ],
 )
 def test_bad_extra_args_are_client_errors(extra, needle: str) -> None:
@@ -41,8 +46,27 @@ def test_offline_requests_are_checked_before_the_engine() -> None:
 
     vllm_patches.apply()
     params = SamplingParams(max_tokens=4, extra_args={"fsd_threshold": -0.5})
+    plain = SimpleNamespace(vllm_config=SimpleNamespace(additional_config=None))
     with pytest.raises(VLLMValidationError, match="fsd_threshold"):
-        InputProcessor._validate_params(SimpleNamespace(), params, ("generate",))
+        InputProcessor._validate_params(plain, params, ("generate",))
+
+
+def test_a_request_may_name_only_a_rule_its_engine_drafts_with() -> None:
+    """A rule the engine offers passes on to vLLM's own checks (which the stand-in then
+    fails on); one it lacks is refused naming the engine's rules."""
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, parse_settings
+
+    vllm_patches.apply()
+    settings, _ = parse_settings({"method": "hetero", "model": "smollm2-135m", "num_speculative_tokens": 2,
+                                  "auto_greedy": ["slem"], "auto_sampled": ["tli"]})
+    engine = SimpleNamespace(vllm_config=SimpleNamespace(additional_config={ADDITIONAL_CONFIG_KEY: settings.to_dict()}))
+    with pytest.raises(VLLMValidationError, match=r"this engine's rules \['slem', 'tli'\], got 'union'") as info:
+        InputProcessor._validate_params(engine, SamplingParams(extra_args={"algorithm": "union"}), ("generate",))
+    assert info.value.parameter == "vllm_xargs.algorithm"
+    with pytest.raises(AttributeError):  # past our check, into vLLM's, which the stand-in cannot answer
+        InputProcessor._validate_params(engine, SamplingParams(extra_args={"algorithm": "tli"}), ("generate",))
 
 
 def test_openai_requests_are_checked_when_params_are_built() -> None:

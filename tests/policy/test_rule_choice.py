@@ -226,3 +226,18 @@ def test_a_challenger_the_budget_will_not_draft_is_declined_at_no_cost() -> None
     will_draft["slrs"] = True
     ran = [sim.step(["a"], [1.0])[0] for _ in range(60)]
     assert "slrs" in ran[50:]
+
+
+def test_rows_whose_request_named_a_rule_are_counted_but_not_compared() -> None:
+    """A named rule's rows draft (``chosen``) but say nothing of the chooser's own pick:
+    their tokens leave every kind's tally alone, so a comparison is neither skewed by,
+    nor stalled on, a rule it never chose (here the named row comes first in the batch,
+    where a kind's step used to be attributed to its first row's rule)."""
+    chooser = RuleChooser(("slem", "tli"), ("tli",), window=4, min_steps=4, run_steps=1)
+    for step in range(12):
+        chooser.observe(float(step), ["named", "a"], [1, 3])
+        rules = chooser.choose([0.0, 0.0])
+        chooser.record(["named", "a"], [0.0, 0.0], ["union", rules[1]], [2, 2], [True, False])
+    greedy = chooser.kinds["greedy"]
+    assert chooser.chosen["union"] == 12 and "union" not in greedy.tallies
+    assert all(tokens == 3 for t in greedy.tallies.values() for tokens, _ in t.per_step)

@@ -21,7 +21,7 @@ import vllm_hetero_spec
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.verify.plan import VerifyPlan
 from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
-from vllm_hetero_spec.verify.seeded import position_generators
+from vllm_hetero_spec.verify.seeded import position_generators, position_seed
 
 V = 8
 LOGITS = torch.tensor([2.0, 1.4, 1.1, 0.6, 0.3, 0.0, -0.4, -1.0])  # distinct: no ties at the cut-offs
@@ -284,3 +284,37 @@ def test_dummy_batches_from_vllms_profile_run(monkeypatch, fsd) -> None:
     for out in calls:
         assert out.shape == (b, 2) and bool(((out[:, 0] >= 0) & (out[:, 0] < V)).all())
         assert bool(((out[:, 1] >= -1) & (out[:, 1] < V)).all())
+
+
+def test_seeded_children_of_one_request_are_independent_samples() -> None:
+    """``n > 1`` with a seed: vLLM gives child i the seed ``seed + i``
+    (``ParentRequest.get_child_sampling_params``). Drawn per (seed, position), child 1's
+    token at a position must not be child 0's at the next one: a seed mixed additively
+    with the position would make every child a shifted copy of its sibling."""
+    seed = 1234
+    children = [[position_seed(seed + i, t) for t in range(11, 11 + N_TOKENS)] for i in range(4)]
+    for a in range(4):
+        for b in range(4):
+            if a != b:
+                assert not set(children[a]) & set(children[b]), (a, b)
+    decoded = [_plain_decode(seed + i, start=11) for i in range(4)]
+    for a in range(4):
+        for b in range(4):
+            if a != b:
+                assert all(decoded[a][s:] != decoded[b][: N_TOKENS - s] for s in range(1, 4)), (a, b)
+    assert len({tuple(d) for d in decoded}) == 4
+
+
+def test_an_exact_tie_takes_the_token_vllms_greedy_op_takes() -> None:
+    """Two tokens whose logits are exactly equal: at a drafted row and at the bonus row a
+    greedy request takes the one ``Sampler.greedy_sample`` takes (the first), so a draft
+    of the other is rejected and one of it accepted."""
+    logits = torch.full((V,), -5.0)
+    logits[[2, 5]] = 2.0
+    want = int(Sampler.greedy_sample(logits[None].clone())[0])
+    other = 5 if want == 2 else 2
+    sampler = HeteroRejectionSampler(Sampler(), None, torch.device("cpu"),
+                                     batch_rows=lambda: batch_rows(["rejects", "accepts"], [0.0, 0.0]))
+    out = sampler(spec_metadata([[other], [want]]), None, logits.expand(4, V).clone(),
+                  sampling_metadata(2, [0.0, 0.0])).sampled_token_ids
+    assert out[0].tolist() == [want, -1] and out[1].tolist() == [want, want], out

@@ -62,6 +62,8 @@ from math import hypot, sqrt
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
 
 GREEDY, SAMPLED = "greedy", "sampled"
+#: The kind of a row whose request named its rule: no kind's comparison counts it.
+PINNED = "pinned"
 
 
 @dataclass
@@ -197,9 +199,14 @@ class RuleChooser:
                 rules = [self.kinds[k].current for k in kinds]
         return rules
 
-    def record(self, req_ids: list[str], temperatures: list[float], rules: list[str], proposed: list[int]) -> None:
-        """What this step proposed per row (0: none), and with which rule."""
+    def record(self, req_ids: list[str], temperatures: list[float], rules: list[str], proposed: list[int],
+               pinned: list[bool] | None = None) -> None:
+        """What this step proposed per row (0: none), and with which rule. ``pinned``
+        rows drafted with a rule their request named: counted in :attr:`chosen`, but
+        left out of the comparison, which measures the rules this chooser picked."""
         kinds = [self.kind_of(t) for t in temperatures]
+        if pinned is not None:
+            kinds = [PINNED if p else k for k, p in zip(kinds, pinned)]
         self._last = _Step(list(req_ids), kinds, list(rules), list(proposed), self._start)
         self.chosen.update(rule for rule, k in zip(rules, proposed) if k > 0)
 

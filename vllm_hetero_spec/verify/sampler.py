@@ -2,7 +2,8 @@
 
 It keeps vLLM's own handling of everything around verification (bonus sampling, logits
 processors, penalties, temperature/top-k/top-p, logprobs), adds what vLLM's rejection
-sampler lacks (min_p and logit_bias at the drafted rows: ``target_constraints.py``), and
+sampler lacks (min_p and logit_bias at the drafted rows: ``target_constraints.py``;
+``min_tokens`` counting the drafts at the bonus row: ``bonus_position.py``), and
 swaps the acceptance step for :func:`verify_tokens`, a pure-PyTorch rule that is
 identical on every platform. This also sidesteps the CPU build's broken ``expand`` kernel
 path for the acceptance itself.
@@ -44,6 +45,7 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_hetero_spec.host_to_device import to_device
+from vllm_hetero_spec.verify.bonus_position import bonus_logits_processors
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.verify.plan import VerifyPlan
 from vllm_hetero_spec.verify.rules import FuzzyAcceptance, verify_tokens
@@ -176,6 +178,8 @@ class HeteroRejectionSampler(RejectionSampler):
             sampling_metadata=replace(
                 sampling_metadata, max_num_logprobs=-1,
                 generators=_keyed(seeded, rows, num_draft, logits.device),
+                # Output-counting processors at the bonus position: committed + every draft.
+                logitsprocs=bonus_logits_processors(sampling_metadata.logitsprocs, num_draft),
             ),
             predict_bonus_token=True,
             logprobs_mode_override="processed_logits" if self.is_processed_logprobs_mode else "raw_logits",

@@ -44,11 +44,8 @@ def strategy_class(rule: str, settings: HeteroSettings) -> type[Strategy]:
 
 
 def engine_rules(settings: HeteroSettings) -> tuple[str, ...]:
-    """The rules an engine drafts with: its algorithm, or for ``auto`` the candidates
-    for greedy rows, then those for sampled rows (each once)."""
-    if settings.algorithm != "auto":
-        return (settings.algorithm,)
-    return tuple(dict.fromkeys((*settings.auto_greedy, *settings.auto_sampled)))
+    """The rules an engine drafts with (:meth:`HeteroSettings.engine_rules`)."""
+    return settings.engine_rules()
 
 
 def make_strategies(ctx: DraftContext) -> dict[str, Strategy]:

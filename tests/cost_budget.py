@@ -1,0 +1,57 @@
+"""The e2e pass's cost, declared per module: what each may start and sample.
+
+``tests/conftest.py`` counts what every module actually starts (engine starts by kind,
+``vllm serve`` processes, through ``hetero_harness/cost_ledger.py``; the rows statistical
+tests declare) and fails the run, naming the module and the count, where a module
+exceeds its line here or starts an engine without one. Counts, not seconds: they do not
+move with the machine's speed. A new test rides an engine that already runs, or raises
+its module's line here, where the total is checked against the pass's budget
+(``tests/plugin/test_cost_budget.py``).
+
+``compiled`` counts starts with torch.compile whether they compile or load the compile
+cache (on a clean machine the first engine of a configuration compiles and later ones
+load it, and which is first depends on what ran before); the printed table tells the two
+apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Budget:
+    compiled: int = 0  # engine starts with torch.compile (fresh or from the compile cache)
+    eager: int = 0  # engine starts with enforce_eager
+    serve: int = 0  # `vllm serve` processes (their engines count above too)
+    rows: int = 0  # rows sampled by statistical tests
+
+    @property
+    def engines(self) -> int:
+        return self.compiled + self.eager
+
+
+#: Per module (path under tests/).
+BUDGET: dict[str, Budget] = {
+    # Every lossless rule in one engine (requests name their rule), fsd, union in Ray,
+    # dtw faithful, and the target alone; 17 sampled groups of 120 (references 360).
+    "e2e/test_e2e_rules.py": Budget(eager=5, rows=2040),
+    # advise's plain, hetero (loads the plain compile) and draft_model engines.
+    "e2e/test_advise.py": Budget(compiled=3),
+    "e2e/test_batch_schedule.py": Budget(eager=1),
+    # The lifecycle-and-preemption engine, and the target alone on the same KV cache.
+    "e2e/test_lifecycle.py": Budget(eager=2),
+    # The Ray job's engine, and the target alone.
+    "e2e/test_ray_executor.py": Budget(eager=2),
+    # The README's offline run and its `vllm serve`, as pasted.
+    "e2e/test_readme_commands.py": Budget(compiled=2, serve=1),
+    # The shared plain server (the reference of every serving module) and the documented one.
+    "e2e/test_serving.py": Budget(compiled=2, serve=2),
+    # One data-parallel server: two engines.
+    "e2e/test_serving_scale.py": Budget(compiled=2, serve=1),
+    # TP = 2 alone, with the drafter in process, with it in a Ray actor.
+    "e2e/test_tensor_parallel.py": Budget(eager=3),
+}
+
+#: The whole e2e pass (docs/testing.md, "Where the time goes": what these counts cost).
+TOTAL = Budget(compiled=9, eager=13, serve=4, rows=2040)
