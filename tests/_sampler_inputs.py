@@ -80,3 +80,12 @@ def logits_processors(params: list[SamplingParams], device: str | torch.device =
     for proc in procs.all:
         proc.update_state(update)
     return procs
+
+
+def penalties(n: int, prompt: list[int], repetition: float = 1.0, presence: float = 0.0,
+              frequency: float = 0.0) -> dict:
+    """``SamplingMetadata`` fields that turn on vLLM's penalties for ``n`` rows of one
+    ``prompt`` (for ``dataclasses.replace``)."""
+    return {"no_penalties": False, "prompt_token_ids": torch.tensor([prompt] * n),
+            "repetition_penalties": torch.full((n,), repetition), "presence_penalties": torch.full((n,), presence),
+            "frequency_penalties": torch.full((n,), frequency)}

@@ -112,11 +112,18 @@ def _module_of(nodeid: str) -> str:
     return path[len("tests/"):] if path.startswith("tests/") else path
 
 
+_CHARGED: list[str] = []  # the module this process charges now
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """What this test (its fixtures included) starts is charged to its module."""
+    """What this test (its fixtures included) starts is charged to its module (the
+    ledger's entry is rewritten when the module changes, or when a test closed it)."""
     from hetero_harness import cost_ledger
 
-    cost_ledger.open_module(_ledger_run(), _module_of(item.nodeid))
+    module = _module_of(item.nodeid)
+    if _CHARGED != [module] or not cost_ledger.is_open():
+        cost_ledger.open_module(_ledger_run(), module)
+        _CHARGED[:] = [module]
 
 
 @pytest.fixture(scope="module")

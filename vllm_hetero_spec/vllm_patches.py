@@ -389,12 +389,18 @@ def _patch_request_validation() -> None:
 
     validate = InputProcessor._validate_params
 
+    def _engine_rules(processor: InputProcessor) -> tuple[str, ...] | None:
+        """The rules the processor's engine drafts with (None without a hetero config),
+        read from its config once, not per request."""
+        if not hasattr(processor, "_hetero_rules"):
+            raw = (processor.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+            processor._hetero_rules = None if raw is None else HeteroSettings.from_dict(raw).engine_rules()
+        return processor._hetero_rules
+
     @functools.wraps(validate)
     def _validate_params(self: InputProcessor, params: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(params, SamplingParams):
-            raw = (self.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
-            rules = None if raw is None else HeteroSettings.from_dict(raw).engine_rules()
-            check_extra_args(params.extra_args, rules)
+            check_extra_args(params.extra_args, _engine_rules(self))
         return validate(self, params, *args, **kwargs)
 
     patch(InputProcessor, "_validate_params", _validate_params, _patch_request_validation.__doc__)

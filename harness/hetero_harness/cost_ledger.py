@@ -68,6 +68,11 @@ def open_module(run: int, module: str) -> None:
     _current(os.getpid()).write_text(json.dumps({"run": run, "module": module}))
 
 
+def is_open() -> bool:
+    """Whether this process charges a module now."""
+    return _current(os.getpid()).exists()
+
+
 def close_process() -> None:
     """This process runs no more tests (its descendants' starts are no longer charged)."""
     _current(os.getpid()).unlink(missing_ok=True)

@@ -20,7 +20,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.sampler import Sampler
 
-from _sampler_inputs import batch_rows, logits_processors, sampling_metadata, spec_metadata
+from _sampler_inputs import batch_rows, logits_processors, penalties, sampling_metadata, spec_metadata
 from _stats import assert_follows
 import vllm_hetero_spec
 from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
@@ -103,10 +103,8 @@ def _repetition(logits: torch.Tensor, seen: set[int], penalty: float) -> torch.T
     return out
 
 
-def _penalties(n: int, repetition: float = 1.0, presence: float = 0.0, frequency: float = 0.0) -> dict:
-    return {"no_penalties": False, "prompt_token_ids": torch.tensor([PROMPT] * n),
-            "repetition_penalties": torch.full((n,), repetition), "presence_penalties": torch.full((n,), presence),
-            "frequency_penalties": torch.full((n,), frequency)}
+def _penalties(n: int, **values: float) -> dict:
+    return penalties(n, PROMPT, **values)
 
 
 def test_penalties_at_the_bonus_row_count_the_accepted_drafts() -> None:

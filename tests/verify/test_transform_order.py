@@ -26,7 +26,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.sampler import Sampler
 
 import vllm_hetero_spec
-from _sampler_inputs import batch_rows, logits_processors, sampling_metadata, spec_metadata
+from _sampler_inputs import batch_rows, logits_processors, penalties, sampling_metadata, spec_metadata
 from _stats import follows_pvalue
 from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler
 
@@ -133,9 +133,8 @@ def _first_tokens(case: Case) -> torch.Tensor:
     meta = replace(
         sampling_metadata(N, [TEMPERATURE] * N, top_k=[case.top_k] * N, top_p=[case.top_p] * N,
                           logitsprocs=logits_processors([params] * N, outputs=outputs)),
-        output_token_ids=outputs, spec_token_ids=[list(DRAFTS) for _ in range(N)], no_penalties=False,
-        prompt_token_ids=torch.tensor([PROMPT] * N), repetition_penalties=torch.full((N,), REPETITION),
-        frequency_penalties=torch.full((N,), FREQUENCY), presence_penalties=torch.full((N,), PRESENCE))
+        output_token_ids=outputs, spec_token_ids=[list(DRAFTS) for _ in range(N)],
+        **penalties(N, PROMPT, repetition=REPETITION, presence=PRESENCE, frequency=FREQUENCY))
     first = torch.tensor(case.first)
     logits = torch.stack([first, first.roll(3), first.roll(5)] * N)  # per request: 2 drafted rows, the bonus
     rows = batch_rows([f"r{i}" for i in range(N)], [TEMPERATURE] * N, [len(PROMPT) + len(COMMITTED)] * N)
