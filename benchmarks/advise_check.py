@@ -102,7 +102,8 @@ def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argpar
     ran = advised["args"]  # the engines as advise ran them
     base = base_job(str(resolve_model("--target", target).folder), prompts, dtype=engine_dtype(ran["dtype"]),
                     max_model_len=ran["max_model_len"], seed=ran["seed"], max_tokens=args.max_tokens, k=args.k,
-                    batch_sizes=sorted({b for _, b in settings}), temperatures=sorted({t for t, _ in settings}))
+                    batch_sizes=sorted({b for _, b in settings}), temperatures=sorted({t for t, _ in settings}),
+                    enforce_eager=ran.get("enforce_eager", False))
 
     def pins(rows: list[dict[str, Any]], rs: list[int]) -> list[dict[str, Any]]:
         return [{**row, "round": r} for r in rs for row in rows]

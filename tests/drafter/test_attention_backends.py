@@ -35,7 +35,7 @@ from vllm_hetero_spec.drafter.runtime.attention import (
     attention_groups, common_metadata, draft_block_size, step_metadata)
 from vllm_hetero_spec.drafter.runtime.input_staging import StagedInputs
 from vllm_hetero_spec.drafter.runtime.kv_layout import allocate_layer_caches
-from vllm_hetero_spec.drafter.runtime.model import RuntimeConfig, _draft_vllm_config
+from vllm_hetero_spec.drafter.runtime.model import RuntimeConfig, draft_vllm_config
 
 CUDA = torch.device("cuda")
 GRAPH_SIZES = (1, 2, 4, 8)
@@ -109,8 +109,8 @@ def test_drafter_attention_under_its_own_config(
     from vllm.model_executor.layers.attention.attention import Attention
 
     backend = _backend(backend_name, monkeypatch)
-    draft = _draft_vllm_config(RuntimeConfig(smollm2, torch.bfloat16, graph_sizes=GRAPH_SIZES, max_forward_tokens=64))
-    target = _draft_vllm_config(RuntimeConfig(gemma, torch.bfloat16))
+    draft = draft_vllm_config(RuntimeConfig(smollm2, torch.bfloat16, graph_sizes=GRAPH_SIZES, max_forward_tokens=64))
+    target = draft_vllm_config(RuntimeConfig(gemma, torch.bfloat16))
     assert target.model_config.get_head_size() != HEAD_SIZE
     with set_current_vllm_config(draft):  # as get_model builds the drafter's layers
         layers = {PREFIX.format(i): Attention(HEADS, HEAD_SIZE, HEAD_SIZE ** -0.5, KV_HEADS,

@@ -47,9 +47,9 @@ def test_a_compiled_drafter_compiles_for_every_forward(smollm2: str) -> None:
     """vLLM compiles for token counts up to its ``max_num_batched_tokens`` and asserts on
     a larger forward, so a compiled drafter's budget is the runtime's forward cap (the
     target's ``max_num_batched_tokens``), not vLLM's default."""
-    from vllm_hetero_spec.drafter.runtime.model import RuntimeConfig, _draft_vllm_config
+    from vllm_hetero_spec.drafter.runtime.model import RuntimeConfig, draft_vllm_config
 
-    vc = _draft_vllm_config(RuntimeConfig(smollm2, graph_sizes=(1, 2, 4), max_forward_tokens=3000))
+    vc = draft_vllm_config(RuntimeConfig(smollm2, graph_sizes=(1, 2, 4), max_forward_tokens=3000))
     assert vc.scheduler_config.max_num_batched_tokens == 3000
     assert max(vc.compilation_config.compile_ranges_endpoints or [3000]) == 3000
-    assert _draft_vllm_config(RuntimeConfig(smollm2)).model_config.enforce_eager
+    assert draft_vllm_config(RuntimeConfig(smollm2)).model_config.enforce_eager

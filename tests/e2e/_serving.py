@@ -8,16 +8,22 @@ from pathlib import Path
 
 from hetero_harness.server_process import ServerProcess
 
-MAX_MODEL_LEN = 512
-# vLLM's default flags (torch.compile, its profile run and warm-up), as the README's
-# command runs: no --enforce-eager, though it would start each server about a minute sooner.
-COMMON = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--generation-config", "vllm"]
+#: The target's own context (Qwen2.5-Coder-0.5B's), which the servers run at by default.
+MAX_MODEL_LEN = 32768
+# The README's `vllm serve` flags, exactly: vLLM's defaults (torch.compile, its profile run
+# and warm-up) and float32. So the test servers share the README server's compile key:
+# test_readme_commands.py, which runs first, compiles the target once and every server
+# here loads it (vLLM keys its compile cache by the config; the plugin keys a hetero
+# engine's target as the plain engine's).
+COMMON = ["--dtype", "float32"]
+#: vLLM's log lines for a compiled target written to, or read from, its compile cache.
+COMPILE_CACHED = ("saved AOT compiled function", "Directly load AOT compilation")
 
 
-def launch(model: str, extra: list[str], log: Path) -> ServerProcess:
-    """A `vllm serve` of ``model`` with the tests' common flags, launched without
-    waiting (call ``wait_ready()`` before use)."""
-    return ServerProcess(model, COMMON + extra, log).launch()
+def launch(model: str, extra: list[str], log: Path, env: dict[str, str] | None = None) -> ServerProcess:
+    """A `vllm serve` of ``model`` with the tests' common flags (``env`` added to its
+    environment), launched without waiting (call ``wait_ready()`` before use)."""
+    return ServerProcess(model, COMMON + extra, log, env=env).launch()
 
 
 def complete(server: ServerProcess, prompt: str, max_tokens: int, stream: bool = False, **extra) -> str:

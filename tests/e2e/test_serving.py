@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from transformers import AutoTokenizer
-from _serving import COMMON, MAX_MODEL_LEN, chat, complete, launch, parallel
+from _serving import COMMON, COMPILE_CACHED, MAX_MODEL_LEN, chat, complete, launch, parallel
 
 from hetero_harness.evaluation import default_env
 from hetero_harness.prompts import BRIDGE_STRESS
@@ -29,13 +29,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def servers(plain_server: ServerProcess, qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory):
-    """The shared plain server and the documented hetero server, on the same target,
-    starting side by side. The shipped config with one key added: a draft-length floor
-    of 1. On this 0.5B target the adaptive budget may rightly stop drafting when drafts do
-    not pay (it did on CI's machine, stop 29: no draft accepted in the first five
-    requests), and identity with no drafts would prove nothing. test_e2e_greedy.py runs
-    the shipped config unchanged."""
+    """The shared plain server and the documented hetero server, on the same target. The
+    shipped config with one key added: a draft-length floor of 1. On this 0.5B target the
+    adaptive budget may rightly stop drafting when drafts do not pay (it did on CI's
+    machine, stop 29: no draft accepted in the first five requests), and identity with no
+    drafts would prove nothing; the README's server runs the shipped config unchanged
+    (test_readme_commands.py).
+
+    The hetero server is launched once the plain server's compiled target is in vLLM's
+    compile cache (loaded from the README server's compile, or compiled here when this
+    module runs alone), so it loads that compile rather than compiling beside it."""
     logs = tmp_path_factory.mktemp("serve")
+    plain_server.wait_for_log(COMPILE_CACHED)
     spec = {**json.loads((REPO / "configs/hetero.json").read_text()), "min_speculative_tokens": 1}
     hetero = launch(qwen05, ["--speculative-config", json.dumps(spec)], logs / "hetero.log")
     try:
@@ -46,6 +51,14 @@ def servers(plain_server: ServerProcess, qwen05: str, smollm2: str, tmp_path_fac
         raise
     yield plain_server, hetero
     hetero.stop()
+
+
+def test_the_hetero_server_loads_the_target_the_plain_server_compiled(servers) -> None:
+    """A hetero engine's target is keyed in vLLM's compile cache as the same engine
+    without speculation (``vllm_patches._patch_target_compile_key``): the documented
+    server, started after the plain one, loads the plain target's compile."""
+    _, hetero = servers
+    assert "Directly load AOT compilation" in hetero.log_path.read_text(errors="replace"), hetero.log_tail()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain-response", "streaming"])

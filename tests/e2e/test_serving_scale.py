@@ -12,6 +12,12 @@ runs), and ``/metrics`` must carry the plugin's series from both engines' worker
 several API servers vLLM serves ``/metrics`` from prometheus' multiprocess collector,
 which the plugin extends: ``vllm_patches._patch_multiprocess_metrics``).
 
+The server is started as a vLLM user types it, models named by their Hugging Face ids
+(``vllm serve Qwen/Qwen2.5-Coder-0.5B-Instruct --speculative-config '{"method":
+"hetero", "model": "HuggingFaceTB/SmolLM2-135M-Instruct", ...}'``), resolved offline
+from a Hub cache holding set-up's models under those ids (``hub_home``), and it must
+answer a chat request as the plain server does.
+
 The reference is the shared plain server (``conftest.py``), stopped before this server
 starts: two engine workers of the 0.5B target in float32 take about 13 GB here, and
 beside the plain server the DP server was killed for memory on a 24 GB machine. This
@@ -26,24 +32,27 @@ import json
 import time
 from pathlib import Path
 
-from _serving import complete, launch, parallel
+from _serving import chat, complete, launch, parallel
 
+from hetero_harness.hf_cache import UPSTREAM_IDS, offline_env
 from hetero_harness.prompts import BRIDGE_STRESS
 
 POOL_MB = 16
+CHAT = "Write a Python function that reverses a string."
 JOBS = [(BRIDGE_STRESS[i % len(BRIDGE_STRESS)], 16 + (i * 5) % 17) for i in range(32)]
 
 
-def test_dp2_bounded_pool_server_identical_to_plain_and_drafts(plain_server, qwen05: str, smollm2: str,
+def test_dp2_bounded_pool_server_identical_to_plain_and_drafts(plain_server, hub_home: Path,
                                                                tmp_path: Path) -> None:
     want = parallel(lambda p, n: complete(plain_server.wait_ready(), p, n), JOBS)
+    want_chat = chat(plain_server, CHAT, 24)
     plain_server.stop()
     # A draft-length floor of 1: every step drafts where the pool has room, so identity
     # is tested on drafted steps wherever the budget would judge drafting not worth it.
-    spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "algorithm": "tli",
-            "min_speculative_tokens": 1, "draft_kv_pool_mb": POOL_MB}
-    dp = launch(qwen05, ["--data-parallel-size", "2", "--speculative-config", json.dumps(spec)],
-                tmp_path / "dp2.log")
+    spec = {"method": "hetero", "model": UPSTREAM_IDS["smollm2-135m"], "num_speculative_tokens": 4,
+            "algorithm": "tli", "min_speculative_tokens": 1, "draft_kv_pool_mb": POOL_MB}
+    dp = launch(UPSTREAM_IDS["qwen2.5-coder-0.5b"], ["--data-parallel-size", "2", "--speculative-config",
+                                                     json.dumps(spec)], tmp_path / "dp2.log", env=offline_env(hub_home))
     try:
         dp.wait_ready()
         peak = 0.0
@@ -54,6 +63,7 @@ def test_dp2_bounded_pool_server_identical_to_plain_and_drafts(plain_server, qwe
                 time.sleep(0.2)
             got = [f.result() for f in futures]
         assert got == want
+        assert chat(dp, CHAT, 24) == want_chat
         assert 0 < peak <= POOL_MB << 20, peak
         assert dp.metric_sum("hetero:pool_full_requests_total") > 0, "the pool never filled: test too weak"
         drafted = dp.metric_by_label("vllm:spec_decode_num_draft_tokens_total", "engine")

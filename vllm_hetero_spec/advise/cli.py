@@ -31,7 +31,7 @@ from vllm_hetero_spec.advise.prompts import BUILT_IN, PromptError, load_prompts
 from vllm_hetero_spec.advise.report import plot, table, verdict, write_json
 from vllm_hetero_spec.advise.session import PROGRESS, base_job, planned_calls
 from vllm_hetero_spec.config import LOSSLESS_RULES, HeteroSettings
-from vllm_hetero_spec.model_store import SHORT_NAMES, resolve, set_up_model
+from vllm_hetero_spec.model_names import ModelNotFound, locate
 
 #: Bytes per weight by dtype name (the engine's, not the checkpoint's).
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
@@ -61,15 +61,17 @@ class Model:
 
 
 def resolve_model(flag: str, name: str) -> Model:
-    """A folder with a ``config.json``, or a short name set-up has built (in the
-    plugin's order: ``model_store.resolve``)."""
-    found = resolve(name)
-    if found is None:
-        raise InputError(f"{flag} {name!r}: neither a model folder (with config.json) nor a model set-up has built; "
-                         f"pass a folder, or build the short name first with `bash scripts/setup.sh {name}` "
-                         f"({', '.join(SHORT_NAMES)})")
+    """A model named as vLLM names it (``model_names.locate``: a folder, a short name
+    set-up has built, or a Hub id, downloaded with its safetensors on first use, whose
+    headers :func:`parameters` reads). A config written for it names it as the user did
+    where that name is portable (a short name, an id), else by its absolute folder."""
+    try:
+        found = locate(name, key=flag, weights=True)
+    except ModelNotFound as err:
+        raise InputError(str(err)) from None
     folder = found.resolve()
-    return Model(name, folder, name if found == set_up_model(name) else str(folder))
+    local = Path(name).expanduser().is_dir()
+    return Model(name, folder, str(folder) if local else name)
 
 
 def parameters(folder: Path) -> int:
@@ -178,8 +180,8 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m vllm_hetero_spec advise",
         description="Measure candidate drafters on your prompts, project the speedup of each over plain decoding "
                     "per batch size and temperature, and write the speculative config to use.")
-    ap.add_argument("--target", required=True, help="the target model: a folder, or a short name set-up built")
-    ap.add_argument("--drafters", required=True, help="candidate drafters, comma-separated (folders or short names)")
+    ap.add_argument("--target", required=True, help="the target model: a Hugging Face repo id, a folder, or a short name set-up built")
+    ap.add_argument("--drafters", required=True, help="candidate drafters, comma-separated (ids, folders or short names)")
     ap.add_argument("--prompts", default="spec-bench",
                     help=f"a jsonl file of {{\"prompt\": ...}} or {{\"messages\": [...]}} rows, or {', '.join(BUILT_IN)}")
     ap.add_argument("--num-prompts", type=int, default=13,
@@ -198,6 +200,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-draft-model", action="store_true", help="skip vLLM's draft_model for same-vocabulary drafters")
     ap.add_argument("--sweep-tokens", type=int, default=16, help="tokens per draft length in the cost sweep")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="measure engines without torch.compile, as `vllm serve --enforce-eager` runs them")
     return ap
 
 
@@ -238,7 +242,8 @@ def plan(args: argparse.Namespace, available: tuple[int, str] | None = None) -> 
     dtype = engine_dtype(args.dtype)
     check_fits(target, drafters, dtype, available or available_memory())
     base = {**base_job(str(target.folder), prompts, dtype=dtype, max_model_len=args.max_model_len, seed=args.seed,
-                       max_tokens=args.max_tokens, k=args.k, batch_sizes=sizes, temperatures=temps),
+                       max_tokens=args.max_tokens, k=args.k, batch_sizes=sizes, temperatures=temps,
+                       enforce_eager=args.enforce_eager),
             "sweep_tokens": args.sweep_tokens, "sweep_ks": sorted({0, 1, 2, 4, args.k} & set(range(args.k + 1)))}
     jobs: list[tuple[str, str | None, dict[str, Any]]] = [("plain", None, {**base, "kind": "plain", "drafter": None})]
     for d in drafters:

@@ -44,11 +44,14 @@ WARMUP_TOKENS = 4
 
 
 def base_job(target: str, prompts: list, *, dtype: str, max_model_len: int, seed: int, max_tokens: int, k: int,
-             batch_sizes: list[int], temperatures: list[float]) -> dict[str, Any]:
+             batch_sizes: list[int], temperatures: list[float], enforce_eager: bool = False) -> dict[str, Any]:
     """What every job carries, whatever its kind (the caller adds ``kind`` and the keys
-    of that kind)."""
+    of that kind). ``enforce_eager``: measure the engines as a server started with
+    ``--enforce-eager`` runs (step costs differ from compiled ones, so advice for one
+    does not carry to the other)."""
     return {"target": target, "prompts": prompts, "dtype": dtype, "max_model_len": max_model_len, "seed": seed,
-            "max_tokens": max_tokens, "k": k, "batch_sizes": batch_sizes, "temperatures": temperatures}
+            "max_tokens": max_tokens, "k": k, "batch_sizes": batch_sizes, "temperatures": temperatures,
+            "enforce_eager": enforce_eager}
 
 
 def speculative_config(job: dict[str, Any]) -> dict[str, Any] | None:
@@ -92,6 +95,7 @@ class Session:
             worker_extension_cls=PROBE if self.hetero else "",
             disable_log_stats=False,
             seed=job["seed"],
+            enforce_eager=job.get("enforce_eager", False),
         )
         self.prompts = render(job["prompts"], self.llm.get_tokenizer())
         self.total = planned_calls(job)

@@ -40,6 +40,7 @@ from vllm_hetero_spec.drafter.runtime.paged_kv import PoolExhausted
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows
 from vllm_hetero_spec.drafter.strategies.base import Strategy
 from vllm_hetero_spec.drafter.strategies.registry import make_strategies
+from vllm_hetero_spec.model_names import draft_tokenizer_folder
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.id_map import MappedTokens
 from vllm_hetero_spec.vocab.retokenize import AlignedTokens, sync_batch
@@ -69,7 +70,8 @@ class DraftEngine:
         self.seed = seed
         self.k = settings.num_speculative_tokens
         self.runtime = DraftModelRuntime(runtime or resolve_runtime_config(settings)[0])
-        self.bridge = VocabBridge.build(settings.draft_tokenizer, target_tokenizer, self.runtime.vocab_size, target_vocab)
+        self.bridge = VocabBridge.build(str(draft_tokenizer_folder(settings)), target_tokenizer, self.runtime.vocab_size,
+                                        target_vocab)
         self.intersection = self.bridge.intersection.to(self.runtime.device)
         # Vocabularies that agree id for id: the drafter reads the target's ids as they are.
         self.id_map = self.bridge.active_id_map(settings.id_map)

@@ -11,7 +11,7 @@ a drafter built outside an engine (benchmarks, tests) calls it without a target.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,10 +20,28 @@ from vllm_hetero_spec.config import HeteroConfigError, HeteroSettings
 from vllm_hetero_spec.drafter.runtime.cuda_graphs import resolve_graph_sizes
 from vllm_hetero_spec.drafter.runtime.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
 from vllm_hetero_spec.drafter.runtime.pool_size import STANDALONE_MB, engine_pool_mb
+from vllm_hetero_spec.model_names import draft_model_folder, draft_tokenizer_folder
 from vllm_hetero_spec.vocab.frequent_tokens import merge_ordered, read_tokenizer
 
 DEFAULT_FORWARD_TOKENS = 8192
 DEFAULT_ROWS = 256
+
+
+@dataclass(frozen=True)
+class DraftLoad:
+    """What vLLM's loader needs to find and build the drafter: the config's draft-model
+    keys, and what the drafter inherits from the target (``trust_remote_code``,
+    ``download_dir``, ``load_format``), as vLLM's own draft models inherit them.
+    ``model`` in :class:`RuntimeConfig` is the name as given (a Hub id is downloaded
+    by vLLM's loader, into the target's ``download_dir`` unless the config names one)."""
+
+    revision: str | None = None
+    code_revision: str | None = None
+    quantization: str | None = None
+    moe_backend: str | None = None
+    trust_remote_code: bool = False
+    download_dir: str | None = None
+    load_format: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -54,6 +72,7 @@ class RuntimeConfig:
             ids below it and the added tokens; 0: the whole vocabulary.
         tokenizer: the folder whose ``tokenizer.json`` lists those added tokens
             (``None``: the model's).
+        load: how vLLM loads the drafter (:class:`DraftLoad`).
     """
 
     model: str
@@ -66,6 +85,30 @@ class RuntimeConfig:
     attention_backend: str | None = None
     head_tokens: int = 0
     tokenizer: str | None = None
+    load: DraftLoad = field(default_factory=DraftLoad)
+
+
+def draft_load(settings: HeteroSettings, trust_remote_code: bool = False, download_dir: str | None = None,
+               load_format: str = "auto", moe_backend: str | None = None) -> DraftLoad:
+    """The drafter's :class:`DraftLoad`: its own keys, else the target's settings given."""
+    own = settings.draft_load_config or {}
+    return DraftLoad(revision=settings.revision, code_revision=settings.code_revision,
+                     quantization=settings.quantization, moe_backend=settings.moe_backend or moe_backend,
+                     trust_remote_code=trust_remote_code, download_dir=own.get("download_dir", download_dir),
+                     load_format=own.get("load_format", load_format))
+
+
+def target_draft_load(settings: HeteroSettings, target: Any | None) -> DraftLoad:
+    """:func:`draft_load` with what the target engine's ``VllmConfig`` sets (a config
+    that leaves a loading section out leaves vLLM's defaults)."""
+    if target is None:
+        return draft_load(settings)
+    load_config = getattr(target, "load_config", None)
+    load_format = getattr(load_config, "load_format", "auto")
+    moe = getattr(getattr(target, "kernel_config", None), "moe_backend", None)
+    return draft_load(settings, bool(getattr(target.model_config, "trust_remote_code", False)),
+                      getattr(load_config, "download_dir", None), getattr(load_format, "value", load_format),
+                      None if moe in (None, "auto") else moe)
 
 
 def resolve_runtime_config(
@@ -87,7 +130,7 @@ def resolve_runtime_config(
     if pool != "auto":
         pool, pool_why = int(pool), "set in the config"
     elif target is not None:
-        pool, pool_why = engine_pool_mb(target, settings.draft_model, dtype, settings.max_draft_tokens)
+        pool, pool_why = engine_pool_mb(target, str(draft_model_folder(settings)), dtype, settings.max_draft_tokens)
     else:
         pool, pool_why = STANDALONE_MB, "no engine to size it for"
 
@@ -98,6 +141,8 @@ def resolve_runtime_config(
         # Graphs are captured in an engine's capture phase; a drafter of its own captures
         # only the sizes it is given.
         sizes = tuple(sorted(set(graphs))) if isinstance(graphs, list) else ()
+    if settings.enforce_eager:
+        sizes = ()
     graphs_why = f"at sizes {list(sizes)}" if sizes else "off (eager)"
 
     forward_tokens, rows, backend = DEFAULT_FORWARD_TOKENS, DEFAULT_ROWS, None
@@ -107,13 +152,16 @@ def resolve_runtime_config(
             forward_tokens = target.scheduler_config.max_num_batched_tokens
             chosen = getattr(getattr(target, "attention_config", None), "backend", None)
             backend = getattr(chosen, "name", chosen)
+    backend = settings.attention_backend or backend
     head, head_why = resolve_head_tokens(settings)
-    cfg = RuntimeConfig(settings.draft_model, dtype, pool, graph_sizes=sizes, max_forward_tokens=forward_tokens,
-                        max_rows=rows, attention_backend=backend, head_tokens=head,
-                        tokenizer=settings.draft_tokenizer)
+    cfg = RuntimeConfig(settings.draft_model, dtype, pool, max_model_len=settings.max_model_len, graph_sizes=sizes,
+                        max_forward_tokens=forward_tokens, max_rows=rows, attention_backend=backend,
+                        head_tokens=head, tokenizer=str(draft_tokenizer_folder(settings)),
+                        load=target_draft_load(settings, target))
     return cfg, {"dtype": f"{dtype_name} ({dtype_why})", "kv pool": f"{pool} MiB ({pool_why})",
                  "CUDA graphs": graphs_why, "output layer": head_why,
-                 "attention": f"{backend} (the target's)" if backend else "vLLM's choice for the drafter"}
+                 "attention": (f"{backend} (the config's)" if settings.attention_backend else
+                               f"{backend} (the target's)" if backend else "vLLM's choice for the drafter")}
 
 
 def resolve_head_tokens(settings: HeteroSettings) -> tuple[int, str]:
@@ -124,7 +172,7 @@ def resolve_head_tokens(settings: HeteroSettings) -> tuple[int, str]:
     asked = settings.draft_head_tokens
     if asked == 0:
         return 0, "the whole vocabulary"
-    tokenizer = read_tokenizer(settings.draft_tokenizer or settings.draft_model)
+    tokenizer = read_tokenizer(str(draft_tokenizer_folder(settings)))
     size = len((tokenizer or {}).get("model", {}).get("vocab") or ())
     if asked >= size > 0:
         return 0, f"the whole vocabulary ({size} tokens, draft_head_tokens {asked})"

@@ -39,7 +39,39 @@ _PREFIX = "hetero_draft"
 logger = plugin_logger(__name__)
 
 
-def _draft_vllm_config(cfg: RuntimeConfig):
+def draft_engine_args(cfg: RuntimeConfig):
+    """vLLM's ``EngineArgs`` for the drafter alone: its model as named (a Hub id is
+    fetched by vLLM's loader at the config's revision, into its download folder), the
+    draft-model keys (``cfg.load``) and the runtime's sizes. The start-up check
+    (``startup.py``) builds the drafter's ``ModelConfig`` from these same arguments, so
+    a key vLLM refuses (a quantization the checkpoint or platform lacks, a length past
+    the model's) fails there, naming it, and not in a worker."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    load = cfg.load
+    extra = {"moe_backend": load.moe_backend} if load.moe_backend else {}
+    return EngineArgs(
+        model=cfg.model,
+        revision=load.revision,
+        code_revision=load.code_revision,
+        quantization=load.quantization,
+        trust_remote_code=load.trust_remote_code,
+        download_dir=load.download_dir,
+        load_format=load.load_format,
+        dtype=str(cfg.dtype).removeprefix("torch."),
+        max_model_len=cfg.max_model_len,
+        enforce_eager=not cfg.graph_sizes,
+        compilation_config=graph_compilation_config(cfg.graph_sizes),
+        skip_tokenizer_init=True,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=cfg.max_forward_tokens,
+        max_num_seqs=cfg.max_forward_tokens,
+        attention_backend=cfg.attention_backend,
+        **extra,
+    )
+
+
+def draft_vllm_config(cfg: RuntimeConfig):
     """A complete ``VllmConfig`` for the drafter alone, with its own compilation config,
     so its attention layers register in a ``static_forward_context`` vLLM's runner
     never reads. Compiled with piecewise CUDA graphs when ``cfg.graph_sizes`` asks
@@ -51,22 +83,7 @@ def _draft_vllm_config(cfg: RuntimeConfig):
     larger forward. Its ``max_num_seqs`` is the same cap: the most rows a forward holds
     (``slrs``'s tree nodes are rows of one token each), which backends size their
     per-row buffers by (FlashInfer refuses a wider batch)."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    dtype = str(cfg.dtype).removeprefix("torch.")
-    args = EngineArgs(
-        model=cfg.model,
-        dtype=dtype,
-        max_model_len=cfg.max_model_len,
-        enforce_eager=not cfg.graph_sizes,
-        compilation_config=graph_compilation_config(cfg.graph_sizes),
-        skip_tokenizer_init=True,
-        enable_prefix_caching=False,
-        max_num_batched_tokens=cfg.max_forward_tokens,
-        max_num_seqs=cfg.max_forward_tokens,
-        attention_backend=cfg.attention_backend,
-    )
-    return args.create_engine_config()
+    return draft_engine_args(cfg).create_engine_config()
 
 
 class DraftModelRuntime:
@@ -79,11 +96,19 @@ class DraftModelRuntime:
         from vllm.model_executor.model_loader import get_model
 
         self.cfg = cfg
-        self.vllm_config = _draft_vllm_config(cfg)
+        self.vllm_config = draft_vllm_config(cfg)
         self.tp_group = draft_tp_group(self.vllm_config)
         self.device = torch.device(self.vllm_config.device_config.device)
         with set_current_vllm_config(self.vllm_config), set_model_tag(_PREFIX), tensor_parallel_group(self.tp_group):
-            self.model = get_model(vllm_config=self.vllm_config, prefix=_PREFIX)
+            try:
+                self.model = get_model(vllm_config=self.vllm_config, prefix=_PREFIX)
+            except Exception as err:
+                if not cfg.load.quantization:
+                    raise
+                raise RuntimeError(
+                    f"hetero spec: the drafter's 'quantization' = {cfg.load.quantization!r} did not load on "
+                    f"{self.device.type} ({type(err).__name__}: {err}); vLLM's build for this platform may lack "
+                    "its kernels: choose a method it runs, or drop 'quantization'") from err
         self.model.eval()
         layers = {
             name: layer
