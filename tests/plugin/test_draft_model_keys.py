@@ -34,6 +34,16 @@ def test_draft_model_keys_reach_the_drafters_vllm_config(smollm2: str) -> None:
     assert draft_engine_args(cfg).attention_backend == "CPU_ATTN"
 
 
+def test_moe_backend_reaches_the_drafters_engine_arguments(smollm2: str) -> None:
+    import typing
+
+    from vllm.config.kernel import MoEBackend
+
+    name = next(b for b in typing.get_args(MoEBackend) if b != "auto")
+    cfg, _ = resolve_runtime_config(_settings(smollm2, moe_backend=name))
+    assert cfg.load.moe_backend == name and draft_engine_args(cfg).moe_backend == name
+
+
 def test_the_drafter_inherits_the_targets_loading_settings(smollm2: str) -> None:
     """``trust_remote_code``, ``download_dir`` and ``load_format`` come from the target
     engine, as vLLM's own draft models take them; ``draft_load_config`` overrides."""

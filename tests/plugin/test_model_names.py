@@ -80,6 +80,18 @@ def test_a_revision_picks_its_snapshot_for_the_config_and_for_vllms_loader(offli
     assert vllm_config.model_config.revision == "v2"
 
 
+def test_the_targets_tokenizer_revision_picks_the_tokenizer_the_bridge_reads(offline_hub: Path, qwen05: str) -> None:
+    from types import SimpleNamespace
+
+    from hetero_harness.hf_cache import add_repo, commit_of
+    from vllm_hetero_spec.model_names import target_tokenizer_folder
+
+    add_repo(offline_hub / "hub", QWEN_ID, Path(qwen05), "tok-v2")
+    target = SimpleNamespace(tokenizer=QWEN_ID, tokenizer_revision="tok-v2")
+    assert target_tokenizer_folder(target).name == commit_of(QWEN_ID, "tok-v2")
+    assert target_tokenizer_folder(SimpleNamespace(tokenizer=QWEN_ID)).name == commit_of(QWEN_ID, "main")
+
+
 def test_an_unknown_id_offline_gets_one_error_naming_what_was_tried(offline_hub: Path) -> None:
     with pytest.raises(HeteroConfigError) as err:
         parse_settings(_spec(model="nobody/no-such-model"))
@@ -109,8 +121,10 @@ def test_the_readmes_hub_commands_resolve_through_the_hub_cache(offline_hub: Pat
     import json
     import re
     import shlex
+    from types import SimpleNamespace
 
     from hetero_harness.hf_cache import UPSTREAM_IDS
+    from vllm_hetero_spec.model_names import draft_model_folder, target_tokenizer_folder
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     block = re.search(r"^## Quick start\n.*?^```sh\n(.*?)^```", readme, re.M | re.S).group(1)
@@ -119,9 +133,6 @@ def test_the_readmes_hub_commands_resolve_through_the_hub_cache(offline_hub: Pat
     spec = json.loads(serve[serve.index("--speculative-config") + 1])
     assert spec["model"] in UPSTREAM_IDS.values()
     settings, _ = parse_settings(spec)
-    from vllm_hetero_spec.model_names import draft_model_folder, target_tokenizer_folder
-    from types import SimpleNamespace
-
     assert (draft_model_folder(settings) / "config.json").is_file()
     target = SimpleNamespace(tokenizer=serve[2], tokenizer_revision=None)
     assert (target_tokenizer_folder(target) / "tokenizer.json").is_file()
