@@ -104,35 +104,30 @@ def _model_fix(value: Any) -> str:
             "folder, or a short name set-up has built (" + ", ".join(SHORT_NAMES) + ")")
 
 
+def _vllm_names(kind: str) -> tuple[str, ...]:
+    """The names vLLM knows for ``kind`` (its quantization methods, attention backends or
+    MoE backends), read from the installed vLLM, so the checks move with it."""
+    if kind == "quantization":
+        from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+        return tuple(QUANTIZATION_METHODS)
+    if kind == "attention_backend":
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        return tuple(b.name for b in AttentionBackendEnum)
+    import typing
+
+    from vllm.config.kernel import MoEBackend
+
+    return tuple(typing.get_args(MoEBackend))
+
+
 def _one_of_vllm(kind: str) -> Check:
-    """A name vLLM knows for ``kind`` (its quantization methods, attention backends or
-    MoE backends), read from the installed vLLM, so the check moves with it."""
-    def names() -> tuple[str, ...]:
-        if kind == "quantization":
-            from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
-
-            return tuple(QUANTIZATION_METHODS)
-        if kind == "attention_backend":
-            from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-            return tuple(b.name for b in AttentionBackendEnum)
-        import typing
-
-        from vllm.config.kernel import MoEBackend
-
-        return tuple(typing.get_args(MoEBackend))
-
-    check = Check(lambda v: isinstance(v, str) and v in names(), f"a name vLLM knows for {kind}")
-    _VLLM_NAMES[kind] = names
-    return check
-
-
-#: The functions that list vLLM's names per kind (for the error's fix).
-_VLLM_NAMES: dict[str, Callable[[], tuple[str, ...]]] = {}
+    return Check(lambda v: isinstance(v, str) and v in _vllm_names(kind), f"a name vLLM knows for {kind}")
 
 
 def _vllm_names_fix(kind: str, tail: str) -> Callable[[Any], str]:
-    return lambda _value: f"choose one of {list(_VLLM_NAMES[kind]())}, {tail}"
+    return lambda _value: f"choose one of {list(_vllm_names(kind))}, {tail}"
 
 
 LOAD_CONFIG_KEYS = ("load_format", "download_dir")

@@ -67,9 +67,9 @@ def check_draft_model_config(settings: HeteroSettings, target_model_config: Any 
     from vllm_hetero_spec.drafter.runtime.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
     from vllm_hetero_spec.drafter.runtime.model import draft_vllm_config
 
-    load_format = getattr(target_args, "load_format", "auto")
     load = draft_load(settings, bool(getattr(target_args, "trust_remote_code", False)),
-                      getattr(target_args, "download_dir", None), getattr(load_format, "value", load_format))
+                      getattr(target_args, "download_dir", None), getattr(target_args, "load_format", "auto"),
+                      getattr(target_args, "moe_backend", None))
     dtype, _ = resolve_draft_dtype(settings.draft_dtype, getattr(target_model_config, "dtype", None),
                                    platform_device_type(), cpu_flags())
     try:

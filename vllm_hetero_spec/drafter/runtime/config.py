@@ -89,13 +89,15 @@ class RuntimeConfig:
 
 
 def draft_load(settings: HeteroSettings, trust_remote_code: bool = False, download_dir: str | None = None,
-               load_format: str = "auto", moe_backend: str | None = None) -> DraftLoad:
-    """The drafter's :class:`DraftLoad`: its own keys, else the target's settings given."""
+               load_format: Any = "auto", moe_backend: str | None = None) -> DraftLoad:
+    """The drafter's :class:`DraftLoad`: its own keys, else the target's settings given
+    (as vLLM holds them: ``load_format`` may be its enum, ``moe_backend`` ``"auto"``)."""
     own = settings.draft_load_config or {}
+    target_moe = None if moe_backend in (None, "auto") else moe_backend
     return DraftLoad(revision=settings.revision, code_revision=settings.code_revision,
-                     quantization=settings.quantization, moe_backend=settings.moe_backend or moe_backend,
+                     quantization=settings.quantization, moe_backend=settings.moe_backend or target_moe,
                      trust_remote_code=trust_remote_code, download_dir=own.get("download_dir", download_dir),
-                     load_format=own.get("load_format", load_format))
+                     load_format=own.get("load_format", getattr(load_format, "value", load_format)))
 
 
 def target_draft_load(settings: HeteroSettings, target: Any | None) -> DraftLoad:
@@ -104,11 +106,9 @@ def target_draft_load(settings: HeteroSettings, target: Any | None) -> DraftLoad
     if target is None:
         return draft_load(settings)
     load_config = getattr(target, "load_config", None)
-    load_format = getattr(load_config, "load_format", "auto")
-    moe = getattr(getattr(target, "kernel_config", None), "moe_backend", None)
     return draft_load(settings, bool(getattr(target.model_config, "trust_remote_code", False)),
-                      getattr(load_config, "download_dir", None), getattr(load_format, "value", load_format),
-                      None if moe in (None, "auto") else moe)
+                      getattr(load_config, "download_dir", None), getattr(load_config, "load_format", "auto"),
+                      getattr(getattr(target, "kernel_config", None), "moe_backend", None))
 
 
 def resolve_runtime_config(
