@@ -137,6 +137,18 @@ def count_rows(request: pytest.FixtureRequest):
     return count
 
 
+@pytest.fixture(scope="session")
+def count_rows_for():
+    """``count_rows_for(line, n)``: declare ``n`` rows sampled for a session fixture's
+    own budget line (one shared by several modules)."""
+    from hetero_harness import cost_ledger
+
+    def count(line: str, n: int) -> None:
+        cost_ledger.record_rows(_ledger_run(), line, n)
+
+    return count
+
+
 _COST: dict = {}
 _OVER: list[str] = []
 

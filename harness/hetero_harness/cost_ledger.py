@@ -73,6 +73,19 @@ def is_open() -> bool:
     return _current(os.getpid()).exists()
 
 
+def charge_child(pid: int, module: str) -> None:
+    """Charge what child ``pid`` starts to ``module`` rather than to this process's
+    module: a session fixture's engine, shared by several modules, has a budget line of
+    its own whichever module asks for it first. Nothing happens outside a test."""
+    current = _current(os.getpid())
+    if current.exists():
+        _current(pid).write_text(json.dumps({**json.loads(current.read_text()), "module": module}))
+
+
+def release_child(pid: int) -> None:
+    _current(pid).unlink(missing_ok=True)
+
+
 def close_process() -> None:
     """This process runs no more tests (its descendants' starts are no longer charged)."""
     _current(os.getpid()).unlink(missing_ok=True)

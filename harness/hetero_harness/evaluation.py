@@ -28,29 +28,39 @@ def default_env() -> dict[str, str]:
 
 
 def run_isolated(job: dict[str, Any], timeout: float = 1800, env: dict[str, str] | None = None,
-                 core: int | None = None) -> dict[str, Any]:
+                 core: int | None = None, charge: str | None = None) -> dict[str, Any]:
     """Run :func:`run_job` on ``job`` in a child process (``env`` added to its
     environment) and return its result. With ``core``, the whole child runs on that one
-    core: its OpenMP threads and every other thread it starts (see :func:`_pin`)."""
+    core: its OpenMP threads and every other thread it starts (see :func:`_pin`). With
+    ``charge``, the test suite's cost ledger charges the child's engine to that budget
+    line instead of the running test module's (``cost_ledger.charge_child``)."""
+    from hetero_harness import cost_ledger
+
     argv = [sys.executable, "-m", "hetero_harness.evaluation", json.dumps(job)]
     if core is not None:
         argv.append(str(core))
         env = {**(env or {}), "VLLM_CPU_OMP_THREADS_BIND": str(core)}
-    proc = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**default_env(), **(env or {})},
-    )
-    for line in reversed(proc.stdout.splitlines()):
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**default_env(), **(env or {})})
+    if charge:
+        cost_ledger.charge_child(proc.pid, charge)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    finally:
+        cost_ledger.release_child(proc.pid)
+    for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX) :])
-    raise RuntimeError(f"engine run failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    raise RuntimeError(f"engine run failed (exit {proc.returncode}):\n{stderr[-6000:]}")
 
 
 def run_isolated_many(jobs: list[dict[str, Any]], parallel: int | None = None,
-                      timeout: float = 1800, env: dict[str, str] | None = None) -> list[dict[str, Any] | Exception]:
+                      timeout: float = 1800, env: dict[str, str] | None = None,
+                      charges: list[str | None] | None = None) -> list[dict[str, Any] | Exception]:
     """Run each of ``jobs`` with :func:`run_isolated` (``env`` added to each child's
     environment), ``parallel`` at a time (default: one per CPU core), each child pinned
     to a core of its own, and return
@@ -66,12 +76,12 @@ def run_isolated_many(jobs: list[dict[str, Any]], parallel: int | None = None,
     parallel = max(1, min(parallel or len(cores), len(jobs)))
     free = sorted(cores)[:parallel]
 
-    def one(job: dict[str, Any]) -> dict[str, Any] | Exception:
+    def one(job: dict[str, Any], charge: str | None) -> dict[str, Any] | Exception:
         # pool.map runs at most `parallel` at once, so a core is always free; pop/append
         # on a list are atomic.
         core = free.pop() if parallel > 1 else None
         try:
-            return run_isolated(job, timeout, env=env, core=core)
+            return run_isolated(job, timeout, env=env, core=core, charge=charge)
         except Exception as exc:  # noqa: BLE001 -- handed back in the job's place
             return exc
         finally:
@@ -79,7 +89,7 @@ def run_isolated_many(jobs: list[dict[str, Any]], parallel: int | None = None,
                 free.append(core)
 
     with ThreadPoolExecutor(parallel) as pool:
-        return list(pool.map(one, jobs))
+        return list(pool.map(one, jobs, charges or [None] * len(jobs)))
 
 
 def unwrap(result: dict[str, Any] | Exception) -> dict[str, Any]:

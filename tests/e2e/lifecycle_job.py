@@ -16,19 +16,25 @@ import sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
 
 from hetero_harness.evaluation import RESULT_PREFIX, _find_drafter
 from hetero_harness.prompts import BRIDGE_STRESS
 from vllm_hetero_spec.advise.counters import spec_decode_delta
 
 def main(target: str, draft: str, preempt: dict) -> None:
-    """``preempt``: the preemption half's prompts, tokens, KV blocks and context
-    (test_lifecycle.PREEMPT, which its plain reference uses too)."""
+    """``preempt``: the preemption half's prompts (token ids), tokens, KV blocks and
+    context (test_lifecycle.py)."""
     llm = LLM(
         model=target,
         dtype="float32",
         max_model_len=preempt["max_model_len"],
         num_gpu_blocks_override=preempt["num_kv_blocks"],
+        # One KV cache group, so that the block count is the requests' room: Gemma-3's
+        # sliding-window and full-attention layers would otherwise take blocks of their
+        # own groups for each request (vLLM's hybrid KV cache manager). The window (512)
+        # exceeds the context (256), so attention is the same either way.
+        disable_hybrid_kv_cache_manager=True,
         enforce_eager=True,
         disable_log_stats=False,
         # A fixed draft length: every step drafts, so every request has draft state to
@@ -55,7 +61,7 @@ def main(target: str, draft: str, preempt: dict) -> None:
         engine.step()
         during_next.append(len(drafter.states))
     before = {m.name: m for m in llm.get_metrics()}
-    outputs = llm.generate(preempt["prompts"], SamplingParams(max_tokens=preempt["max_tokens"], temperature=0.0,
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in preempt["prompts"]], SamplingParams(max_tokens=preempt["max_tokens"], temperature=0.0,
                                                               ignore_eos=True), use_tqdm=False)
     spec = spec_decode_delta(before, llm.get_metrics())
     result = {"peak": peak, "finished": sorted(finished), "after_all": after_all, "during_next": during_next,

@@ -1,9 +1,12 @@
-"""Run in a child process by test_ray_executor.py: one engine with the Ray drafter,
-put through a clean batch, an actor killed mid-batch, an actor frozen mid-batch, and
-shut down. Prints one JSON line with what it observed."""
+"""Run in a child process by test_ray_executor.py: one engine of the Gemma pair with
+union drafting in a Ray actor, put through a clean batch, an actor killed mid-batch, an
+actor frozen mid-batch, a batch after the replacements, a sampled batch (the
+distribution rows and the seeded requests, then the seeded ones alone), and shut down.
+Prints one JSON line with what it observed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -18,22 +21,21 @@ import psutil
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
 
+from _gemma_pair import FILTERS, GREEDY, SAMPLED, SEEDED, SEEDS, group_prompts, prompts
 from hetero_harness.evaluation import RESULT_PREFIX, _find_drafter
-from hetero_harness.prompts import BRIDGE_STRESS
-
-MAX_TOKENS = 24
 
 
-def _batch(llm: LLM, tag: str, fault: int | None = None, pace_s: float = 0.0) -> dict:
-    """Generate BRIDGE_STRESS greedily; after the third step send ``fault`` to the actor.
+def _batch(llm: LLM, ids: list[list[int]], tag: str, fault: int | None = None, pace_s: float = 0.0) -> dict:
+    """Generate the greedy rows; after the third step send ``fault`` to the actor.
     ``pace_s`` between steps stands in for a target slower than the drafter (the regime
-    pipelining is for; here the 0.5B target is quicker than the actor's one core)."""
+    pipelining is for; here the target is quicker than the actor's one core)."""
     engine = llm.llm_engine
     drafter = _find_drafter(llm)
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-    for i, prompt in enumerate(BRIDGE_STRESS):
-        engine.add_request(f"{tag}{i}", prompt, params)
+    params = SamplingParams(max_tokens=GREEDY.max_tokens, temperature=0.0, ignore_eos=True)
+    for i, prompt in enumerate(ids):
+        engine.add_request(f"{tag}{i}", TokensPrompt(prompt_token_ids=prompt), params)
     outputs: dict[str, list[int]] = {}
     steps, victim, proposed_at_fault = 0, None, None
     while engine.has_unfinished_requests():
@@ -48,7 +50,7 @@ def _batch(llm: LLM, tag: str, fault: int | None = None, pace_s: float = 0.0) ->
             proposed_at_fault = drafter.stats.proposed
     stats = drafter.stats
     result = {
-        "token_ids": [outputs[f"{tag}{i}"] for i in range(len(BRIDGE_STRESS))],
+        "token_ids": [outputs[f"{tag}{i}"] for i in range(len(ids))],
         "stats": stats.as_metrics(),
         "proposed": stats.proposed,
         "proposed_at_fault": proposed_at_fault,
@@ -66,6 +68,29 @@ def _batch(llm: LLM, tag: str, fault: int | None = None, pace_s: float = 0.0) ->
             "actor_pid": drafter.executor.actor_pid,
         }
     return result
+
+
+def _sampled(llm: LLM, ids: dict[str, list]) -> dict:
+    """The distribution rows and the seeded requests in one batch, then the seeded ones
+    alone. The actor's deadline is raised first: on a loaded 2-core machine its first
+    step of this batch (a hundred rows' catch-up) outlasted the faults' 3 s, and steps
+    that time out run undrafted, leaving nothing to compare (CI, stop 29)."""
+    drafter = _find_drafter(llm)
+    drafter.executor.settings = dataclasses.replace(drafter.executor.settings, ray_timeout_s=300.0)
+    proposed = drafter.stats.proposed
+    sampled = SamplingParams(max_tokens=SAMPLED.max_tokens, temperature=1.0, ignore_eos=True, **FILTERS)
+    seeded_ids = group_prompts(SEEDED, ids)
+    seeded = [SamplingParams(max_tokens=SEEDED.max_tokens, temperature=1.0, ignore_eos=True, seed=seed, **FILTERS)
+              for seed in SEEDS]
+    rows = group_prompts(SAMPLED, ids) + seeded_ids
+    out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in rows], [sampled] * SAMPLED.count + seeded,
+                       use_tqdm=False)
+    alone = [llm.generate([TokensPrompt(prompt_token_ids=p)], [params], use_tqdm=False)[0]
+             for p, params in zip(seeded_ids, seeded)]
+    tokens = [list(o.outputs[0].token_ids) for o in out]
+    return {"token_ids": tokens[:SAMPLED.count], "seeded": tokens[SAMPLED.count:],
+            "seeded_alone": [list(o.outputs[0].token_ids) for o in alone],
+            "proposed": drafter.stats.proposed - proposed, "stats": drafter.stats.as_metrics()}
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -90,10 +115,12 @@ def _describe(proc: psutil.Process) -> str:
 
 
 def main(target: str, draft: str, algorithm: str) -> None:
+    ids = prompts(target)
     llm = LLM(
         model=target,
         dtype="float32",
-        max_model_len=1024,
+        max_model_len=256,
+        max_num_seqs=128,
         enforce_eager=True,
         speculative_config={
             "method": "hetero", "model": draft, "num_speculative_tokens": 4, "algorithm": algorithm,
@@ -104,9 +131,11 @@ def main(target: str, draft: str, algorithm: str) -> None:
             "draft_budget": "fixed",
         },
     )
-    result = {"clean": _batch(llm, "c", pace_s=1.0), "killed": _batch(llm, "k", signal.SIGKILL)}
-    result["frozen"] = _batch(llm, "f", signal.SIGSTOP)
-    result["after"] = _batch(llm, "a")
+    greedy = group_prompts(GREEDY, ids)
+    result = {"clean": _batch(llm, greedy, "c", pace_s=1.0), "killed": _batch(llm, greedy, "k", signal.SIGKILL)}
+    result["frozen"] = _batch(llm, greedy, "f", signal.SIGSTOP)
+    result["after"] = _batch(llm, greedy, "a")
+    result["sampled"] = _sampled(llm, ids)
     ours = [p for p in psutil.Process().children(recursive=True) if _alive(p)]
     result["processes_before_shutdown"] = [_describe(p) for p in ours]
     llm.llm_engine.engine_core.shutdown()

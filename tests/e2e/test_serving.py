@@ -28,8 +28,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
+def plain_server(qwen05: str, tmp_path_factory: pytest.TempPathFactory):
+    """A plain `vllm serve` of the target, the reference. Returned launched, not yet
+    ready, so that the hetero server can start beside it; call ``wait_ready()`` before
+    use."""
+    server = launch(qwen05, [], tmp_path_factory.mktemp("serve") / "plain.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
 def servers(plain_server: ServerProcess, qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory):
-    """The shared plain server and the documented hetero server, on the same target. The
+    """The plain server and the documented hetero server, on the same target. The
     shipped config with one key added: a draft-length floor of 1. On this 0.5B target the
     adaptive budget may rightly stop drafting when drafts do not pay (it did on CI's
     machine, stop 29: no draft accepted in the first five requests), and identity with no
@@ -123,15 +133,21 @@ def test_min_p_logit_bias_and_seeds_over_http(servers, qwen05: str) -> None:
     unbiased = _text(plain, prompt)
     first = AutoTokenizer.from_pretrained(qwen05)(unbiased).input_ids[0]
     bias = {str(first): -100, "279": 5}  # the plain text's first token banned, " the" up
-    biased = _text(hetero, prompt, logit_bias=bias)
-    assert biased == _text(plain, prompt, logit_bias=bias) != unbiased
-    assert _text(hetero, prompt, temperature=1.0, extra_body={"min_p": 1.0}) == _text(plain, prompt)
     sampled = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 32}
-    alone = _text(hetero, prompt, seed=5, **sampled)
-    jobs = [(p, {}) for p in BRIDGE_STRESS[1:4]] + [(prompt, {"seed": 5})] + [(p, {}) for p in BRIDGE_STRESS[4:7]]
-    among = parallel(lambda p, extra: _text(hetero, p, **sampled, **extra), jobs)
+    # The seeded request alone on the hetero server (the plain one answers beside it),
+    # then everything else at once: the seeded request among six others.
+    alone, plain_biased = parallel(lambda fn: fn(), [(lambda: _text(hetero, prompt, seed=5, **sampled),),
+                                                     (lambda: _text(plain, prompt, logit_bias=bias),)])
+    jobs = [(p, {**sampled}) for p in BRIDGE_STRESS[1:4]] + [(prompt, {**sampled, "seed": 5})]
+    jobs += [(p, {**sampled}) for p in BRIDGE_STRESS[4:7]]
+    jobs += [(prompt, {"logit_bias": bias}), (prompt, {"temperature": 1.0, "extra_body": {"min_p": 1.0}}),
+             (prompt, {**sampled, "seed": 6})]
+    out = parallel(lambda p, extra: _text(hetero, p, **extra), jobs)
+    among, (biased, min_p, other_seed) = out[:7], out[7:]
+    assert biased == plain_biased != unbiased
+    assert min_p == unbiased
     assert among[3] == alone
-    assert _text(hetero, prompt, seed=6, **sampled) != alone
+    assert other_seed != alone
 
 
 # Every SamplingParams field plain decoding applies to the tokens, one request each at
