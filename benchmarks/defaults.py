@@ -16,7 +16,8 @@ and earlier benchmarks use), of at most 1,200 characters, in the target's chat t
     .venv/bin/python benchmarks/defaults.py --targets qwen2.5-coder-1.5b --batch-sizes 1
 
 Writes benchmarks/results/<name>.{json,md,png} after every run (a cut-off run keeps
-what it measured; ``--append`` adds rounds to an existing file).
+what it measured; ``--append`` adds rounds to an existing file). ``--store`` then merges
+the run's cells into the defaults matrix's store and rebuilds its table (``matrix.py``).
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=40, help="Spec-Bench questions to skip (used elsewhere)")
     ap.add_argument("--name", default=NAME)
     ap.add_argument("--append", action="store_true")
+    ap.add_argument("--store", action="store_true",
+                    help="when the run ends, merge its cells into the defaults matrix's store (each configuration "
+                         "it measured beside plain decoding replaces the store's) and rebuild defaults_matrix.md; "
+                         "for runs on the store's machine only (matrix.MACHINE)")
     args = ap.parse_args()
 
     draft = str(ensure_model(args.draft))
@@ -156,6 +161,10 @@ def main() -> None:
                 write(runs, meta, args.name)
     plot(runs, args.name)
     print(to_markdown(runs, meta))
+    if args.store:
+        import matrix  # imports this module's names; here only, so the two do not import each other at load
+
+        print(matrix.add_and_build([args.name]))
 
 
 def write(runs: list[dict], meta: dict, name: str) -> None:

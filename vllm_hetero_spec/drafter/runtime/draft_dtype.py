@@ -8,7 +8,7 @@ precision produced it), only acceptance and speed, so the default may pick for s
   target keeps a float32 drafter, which runs on Triton attention);
 - CPU with native bf16 (``avx512_bf16`` or ``amx_bf16``): bfloat16, faster per draft
   token than float32 on such a CPU, half the weight bytes to read for a memory-bound
-  forward (benchmarks/results/drafter_speed.md);
+  forward (docs/benchmarks.md, "Measured, not adopted": the drafter-speed run);
 - any other CPU: float32 (bf16 is emulated there, and slower).
 
 Resolved once, where the config is parsed (``startup.py``), so every worker and rank
