@@ -10,7 +10,7 @@ server's, the server must have drafted (vLLM's own ``spec_decode`` counters, fro
 engines), no pool may ever hold more than its configured bytes (sampled while the load
 runs), and ``/metrics`` must carry the plugin's series from both engines' workers (with
 several API servers vLLM serves ``/metrics`` from prometheus' multiprocess collector,
-which the plugin extends: ``vllm_patches._patch_multiprocess_metrics``).
+which the plugin extends: ``multiprocess_metrics.patch_multiprocess_metrics``).
 
 The server is started as a vLLM user types it, models named by their Hugging Face ids
 (``vllm serve Qwen/Qwen2.5-Coder-0.5B-Instruct --speculative-config '{"method":
