@@ -1,5 +1,6 @@
-"""The one door to vLLM: everything that touches vLLM's internals. Targets vLLM 0.32.0
-exactly (``pin.py``); when vLLM changes, this folder is the one to edit.
+"""The one door to vLLM: every patch of its internals, the start-up checks against its
+configs and the proposer it loads. Targets vLLM 0.32.0 exactly (``pin.py``); when vLLM
+changes, the patches to check again are all here.
 
 :func:`apply` checks the installed vLLM first: on another version it patches nothing
 and logs one error, so every other use of vLLM in that environment keeps working, and
