@@ -57,7 +57,8 @@ RELIED_ON: tuple[tuple[str, str, str], ...] = (
     ("vllm.v1.spec_decode.custom_class_proposer", "create_custom_proposer",
      "builds our proposer from ``custom_class`` (constructor signature, ``propose``)"),
     ("vllm.config.speculative", "SpeculativeConfig.__post_init__",
-     "turns a ``custom_class`` model path into ``method='custom_class'`` (vllm_integration: startup_checks.py, engine_args.is_hetero_spec)"),
+     "turns a ``custom_class`` model path into ``method='custom_class'`` "
+     "(vllm_integration: startup_checks.py, engine_args.is_hetero_spec)"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample",
      "calls ``self.rejection_sampler`` (our HeteroRejectionSampler) with its arguments"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._dummy_sampler_run",

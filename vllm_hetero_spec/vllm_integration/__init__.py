@@ -7,7 +7,8 @@ and logs one error, so every other use of vLLM in that environment keeps working
 installs only a guard that makes a hetero config fail at start-up naming the versions.
 ``VLLM_HETERO_SPEC_SKIP_VERSION_CHECK=1`` applies the patches anyway (with a warning),
 for people trying a newer vLLM. Then each feature's module applies its own patches
-through ``patching.py``, in the order below; none imports vLLM before its turn.
+through ``patching.py``, in the order :func:`apply` gives; none imports vLLM before
+its turn. The folder:
 
 - ``patching.py``: the mechanism and its record (``APPLIED``)
 - ``cpu_fixes.py``: the CPU build's rejection-sampler helpers
