@@ -1,5 +1,5 @@
 """What sharing the drafts costs under tensor parallelism: rank 0's drafts and q to
-rank 1, per engine step, on CPU (gloo), as ``drafts_broadcast.share_drafts`` sends them.
+rank 1, per engine step, on CPU (gloo), as ``vllm_integration.drafts_broadcast.share_drafts`` sends them.
 
 Two processes form a real two-rank group (vLLM's ``GroupCoordinator``). Rank 0 builds a
 step's drafts for a batch -- k proposals per row, every row sampled, so every position
@@ -32,7 +32,7 @@ def _rank(rank: int, port: int, batches: list[int], support: int, reps: int, out
     from vllm.distributed.parallel_state import GroupCoordinator
 
     from vllm_hetero_spec.drafter.messages import StepDrafts
-    from vllm_hetero_spec.drafts_broadcast import share_drafts
+    from vllm_hetero_spec.vllm_integration.drafts_broadcast import share_drafts
     from vllm_hetero_spec.verify.draft_probs import DraftProbs
 
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

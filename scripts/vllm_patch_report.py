@@ -11,10 +11,10 @@ script when a vLLM upgrade is considered.
 
 The targets:
 
-* **patch**: every ``patch(owner, attribute, ...)`` of ``vllm_hetero_spec/vllm_patches.py``,
-  as ``apply()`` records them in ``APPLIED`` in this environment (``--static``: parsed
-  from the file instead, as the tests do; the two lists are cross-checked when both are
-  available).
+* **patch**: every ``patch(owner, attribute, ...)`` in ``vllm_hetero_spec/vllm_integration/``
+  (each beside its feature), as ``vllm_integration.apply()`` records them in
+  ``patching.APPLIED`` in this environment (``--static``: parsed from the folder's files
+  instead, as the tests do; the two lists are cross-checked when both are available).
 * **read**: vLLM symbols the plugin imports, reads or assigns through a module
   (``parallel_state._TP``), subclasses, calls through ``super()`` or inherits, found by
   ``ast`` over ``vllm_hetero_spec/``; plus a few places the docstrings of the patches
@@ -50,7 +50,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vllm_hetero_spec"
-PATCHES_FILE = PACKAGE / "vllm_patches.py"
+INTEGRATION = PACKAGE / "vllm_integration"
 DEFAULT_VERSION = "0.33.0"
 OUT_DIR = ROOT / "build" / "vllm-patch-report"  # git-ignored: a generated report is not kept
 CACHE_DIR = Path.home() / ".cache" / "vllm_hetero_spec" / "vllm-wheels"
@@ -63,7 +63,8 @@ RELIED_ON: tuple[tuple[str, str, str], ...] = (
     ("vllm.v1.spec_decode.custom_class_proposer", "create_custom_proposer",
      "builds our proposer from ``custom_class`` (constructor signature, ``propose``)"),
     ("vllm.config.speculative", "SpeculativeConfig.__post_init__",
-     "turns a ``custom_class`` model path into ``method='custom_class'`` (startup.py, vllm_patches._is_hetero_spec)"),
+     "turns a ``custom_class`` model path into ``method='custom_class'`` "
+     "(vllm_integration: startup_checks.py, engine_args.is_hetero_spec)"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._sample",
      "calls ``self.rejection_sampler`` (our HeteroRejectionSampler) with its arguments"),
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._dummy_sampler_run",
@@ -452,26 +453,37 @@ def split_target(tree: SourceTree, dotted: str, attribute: str) -> tuple[str, st
 
 
 def applied_patch_targets(tree: SourceTree) -> list[Target]:
-    """The patches as ``vllm_patches.apply()`` records them in this environment (imports
-    vLLM and patches it, in this process only)."""
+    """The patches as ``vllm_integration.apply()`` records them in this environment
+    (imports vLLM and patches it, in this process only)."""
     sys.path.insert(0, str(ROOT))
-    from vllm_hetero_spec import vllm_patches
+    from vllm_hetero_spec import vllm_integration
+    from vllm_hetero_spec.vllm_integration import patching
 
-    if not vllm_patches.apply():
-        raise SystemExit("vllm_patches.apply() refused this vLLM version; use --static")
+    if not vllm_integration.apply():
+        raise SystemExit("vllm_integration.apply() refused this vLLM version; use --static")
     targets = []
-    for record in vllm_patches.APPLIED:
+    for record in patching.APPLIED:
         module, qualname = split_target(tree, record.target, record.attribute)
-        targets.append(Target(module, qualname, "patch", [f"vllm_patches.py: {record.reason[:90]}..."]))
+        targets.append(Target(module, qualname, "patch", [f"vllm_integration: {record.reason[:90]}..."]))
     return targets
 
 
-def static_patch_targets(path: Path = PATCHES_FILE, tree: SourceTree | None = None) -> list[Target]:
-    """The ``patch(owner, "attr", ...)`` calls of ``vllm_patches.py``, parsed: the owner is
-    a name imported in the calling function (a module or a class), ``module.Class``, or a
-    loop variable over a tuple of such names. Owners are named where they are imported
-    from (``lookup`` follows re-exports); ``tree`` makes ``from a import b`` a module when
+def static_patch_targets(path: Path = INTEGRATION, tree: SourceTree | None = None) -> list[Target]:
+    """The ``patch(owner, "attr", ...)`` calls of the ``.py`` files in ``path`` (a folder,
+    ``vllm_integration/`` by default, or one file), parsed: the owner is a name imported
+    in the calling function (a module or a class), ``module.Class``, or a loop variable
+    over a tuple of such names. Owners are named where they are imported from
+    (``lookup`` follows re-exports); ``tree`` makes ``from a import b`` a module when
     ``a.b`` is one."""
+    targets: list[Target] = []
+    for file in sorted(path.glob("*.py")) if path.is_dir() else [path]:
+        targets += _patch_calls(file, tree)
+    return _dedupe(targets)
+
+
+def _patch_calls(path: Path, tree: SourceTree | None) -> list[Target]:
+    """The ``patch(...)`` calls of one file's top-level functions (see
+    :func:`static_patch_targets`)."""
     parsed = ast.parse(path.read_text(encoding="utf-8"))
     rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
     targets: list[Target] = []
@@ -507,7 +519,7 @@ def static_patch_targets(path: Path = PATCHES_FILE, tree: SourceTree | None = No
                 for module, qual in owners(node.args[0]):
                     qualname = f"{qual}.{node.args[1].value}" if qual else node.args[1].value
                     targets.append(Target(module, qualname, "patch", [f"{rel}:{node.lineno} ({func.name})"]))
-    return _dedupe(targets)
+    return targets
 
 
 def _dedupe(targets: Iterable[Target]) -> list[Target]:
@@ -874,7 +886,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="markdown report (default build/vllm-patch-report/vllm-<major.minor>-patch-report.md)")
     parser.add_argument("--json", action="store_true", help="also write the results as JSON beside the report")
     parser.add_argument("--static", action="store_true",
-                        help="parse the patch list from vllm_patches.py instead of running apply()")
+                        help="parse the patch list from vllm_integration/ instead of running apply()")
     args = parser.parse_args(argv)
 
     if args.base:
@@ -899,7 +911,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return {(t.owner.rpartition(".")[2], t.attribute) for t in ts}
 
         if names(patches) != names(static):
-            print(f"warning: apply() and vllm_patches.py's patch() calls differ: "
+            print(f"warning: apply() and the patch() calls in vllm_integration/ differ: "
                   f"{sorted(names(patches) ^ names(static))}", file=sys.stderr)
         for target in patches:  # the parsed list knows the lines
             lines = [u for s in static if (s.owner.rpartition(".")[2], s.attribute)

@@ -130,7 +130,7 @@ MUTATIONS = [
     ),
     Mutation(
         "rank-rng", "one TP rank draws from its global RNG while drafting (e2e, about 2 minutes)",
-        "vllm_hetero_spec/proposer.py",
+        "vllm_hetero_spec/vllm_integration/proposer.py",
         "        if self._check_ranks:\n",
         "        if self._tp is not None and self._tp.rank_in_group == 1:\n            torch.rand(1)\n"
         "        if self._check_ranks:\n",
@@ -352,7 +352,7 @@ MUTATIONS = [
     ),
     Mutation(
         "grammar-json-only", "only JSON-schema requests are verified one-hot (regex, choice, grammar with q)",
-        "vllm_hetero_spec/proposer.py",
+        "vllm_hetero_spec/vllm_integration/proposer.py",
         "        return p is not None and p.structured_outputs is not None",
         "        return p is not None and p.structured_outputs is not None and p.structured_outputs.json is not None",
         ("tests/drafter/test_proposer_token_level.py", "-k", "structured"),

@@ -8,6 +8,6 @@ __version__ = "0.1.0"
 
 
 def register() -> None:
-    from vllm_hetero_spec import vllm_patches
+    from vllm_hetero_spec import vllm_integration
 
-    vllm_patches.apply()
+    vllm_integration.apply()

@@ -37,7 +37,7 @@ from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES
 
 METHOD = "hetero"
 ADDITIONAL_CONFIG_KEY = "hetero_spec"
-PROPOSER_CLASS = "vllm_hetero_spec.proposer.HeteroProposer"
+PROPOSER_CLASS = "vllm_hetero_spec.vllm_integration.proposer.HeteroProposer"
 #: vLLM's key for the most tokens to draft per batch size, honoured as a cap per step.
 SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
 RULES = ("slem", "tli", "dtw", "union", "fsd", "slrs")

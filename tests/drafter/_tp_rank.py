@@ -22,7 +22,7 @@ from test_proposer_token_level import ScriptedRuntime, target_config  # noqa: E4
 from vllm import SamplingParams  # noqa: E402
 from vllm.distributed.parallel_state import GroupCoordinator  # noqa: E402
 
-from vllm_hetero_spec import proposer as proposer_module  # noqa: E402
+from vllm_hetero_spec.vllm_integration import proposer as proposer_module  # noqa: E402
 from vllm_hetero_spec.config import HeteroSettings  # noqa: E402
 from vllm_hetero_spec.drafter import engine as engine_module  # noqa: E402
 from vllm_hetero_spec.vocab.bridge import load_tokenizer  # noqa: E402

@@ -11,7 +11,7 @@ import torch
 from vllm import SamplingParams
 
 from test_proposer_token_level import K, ScriptedRuntime, _attach, target_config
-from vllm_hetero_spec import proposer as proposer_module
+from vllm_hetero_spec.vllm_integration import proposer as proposer_module
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter import engine as engine_module
 from vllm_hetero_spec.vocab.bridge import VocabBridge

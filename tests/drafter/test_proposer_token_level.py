@@ -16,7 +16,7 @@ import torch
 from vllm import SamplingParams
 from vllm.config import CompilationConfig
 
-from vllm_hetero_spec import proposer as proposer_module
+from vllm_hetero_spec.vllm_integration import proposer as proposer_module
 from vllm_hetero_spec.drafter import engine as engine_module
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.messages import RequestParams

@@ -65,7 +65,7 @@ def servers(plain_server: ServerProcess, qwen05: str, smollm2: str, tmp_path_fac
 
 def test_the_hetero_server_loads_the_target_the_plain_server_compiled(servers) -> None:
     """A hetero engine's target is keyed in vLLM's compile cache as the same engine
-    without speculation (``vllm_patches._patch_target_compile_key``): the documented
+    without speculation (``compile_cache.patch_target_compile_key``): the documented
     server, started after the plain one, loads the plain target's compile."""
     _, hetero = servers
     assert "Directly load AOT compilation" in hetero.log_path.read_text(errors="replace"), hetero.log_tail()

@@ -10,7 +10,7 @@ must have drafted (vLLM's own ``spec_decode`` counters, from both engines), no p
 ever hold more than its configured bytes (sampled while the load runs), and
 ``/metrics`` must carry the plugin's series from both engines' workers (with several API
 servers vLLM serves ``/metrics`` from prometheus' multiprocess collector, which the
-plugin extends: ``_patch_multiprocess_metrics``).
+plugin extends: ``multiprocess_metrics.patch_multiprocess_metrics``).
 
 The server is started as a vLLM user types it, models named by their Hugging Face ids
 (``vllm serve google/gemma-3-270m --speculative-config '{"method": "hetero", "model":

@@ -18,7 +18,8 @@ def test_parallel_children_get_distinct_cores(monkeypatch) -> None:
     seen: list[tuple[int | None, int | None]] = []
     lock, both = threading.Lock(), threading.Barrier(min(2, len(cores)), timeout=10)
 
-    def fake_run_isolated(job: dict, timeout: float, env: dict | None = None, core: int | None = None) -> dict:
+    def fake_run_isolated(job: dict, timeout: float, env: dict | None = None, core: int | None = None,
+                          charge: str | None = None) -> dict:
         with lock:
             running.append(core)
             seen.append((job["i"], core))

@@ -14,7 +14,7 @@ import pytest
 from vllm_hetero_spec.config import HETERO_KEYS, HeteroConfigError, parse_settings
 from vllm_hetero_spec.drafter.runtime.config import resolve_runtime_config, target_draft_load
 from vllm_hetero_spec.drafter.runtime.model import draft_vllm_config, draft_engine_args
-from vllm_hetero_spec.startup import check_draft_model_config
+from vllm_hetero_spec.vllm_integration.startup_checks import check_draft_model_config
 
 
 def _settings(model: str, **keys):

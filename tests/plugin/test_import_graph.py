@@ -89,6 +89,20 @@ def test_policy_and_runtime_do_not_depend_on_their_users() -> None:
             assert not {e for e in edges if ".strategies" in e or ".placement" in e or e.endswith(".engine")}, module
 
 
+def test_vllm_integration_is_entered_through_register_only() -> None:
+    """Every patch of vLLM and the proposer vLLM loads live in ``vllm_integration/``, and
+    no other module of the package imports it: only ``register`` (the package's
+    ``__init__``) opens that door, so the rest reads vLLM's public objects and runs,
+    and is tested, without the patches."""
+    graph = import_graph()
+    wing = f"{PACKAGE}.vllm_integration"
+    inside = {m for m in graph if m == wing or m.startswith(f"{wing}.")}
+    assert {f"{wing}.patching", f"{wing}.runner_hooks", f"{wing}.proposer"} <= inside
+    assert wing in graph[PACKAGE]
+    entering = {m: sorted(graph[m] & inside) for m in graph if m not in inside and m != PACKAGE}
+    assert {m: e for m, e in entering.items() if e} == {}
+
+
 def test_rule_names_become_behaviour_in_the_strategies_only() -> None:
     """Outside ``drafter/strategies`` (and the config schema, which names the rules'
     keys), no module compares anything with a rule's name."""

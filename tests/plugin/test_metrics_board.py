@@ -162,9 +162,9 @@ def test_a_server_of_several_api_processes_serves_our_series(tmp_path, monkeypat
     from fastapi.testclient import TestClient
     from vllm.entrypoints.serve.instrumentator.metrics import attach_router
 
-    from vllm_hetero_spec import vllm_patches
+    from vllm_hetero_spec import vllm_integration
 
-    vllm_patches.apply()
+    vllm_integration.apply()
     (tmp_path / "prom").mkdir()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "prom"))
     MetricsBoard({"algorithm": "tli"}).add("steps", 11)  # this process's own board, in the server's directory

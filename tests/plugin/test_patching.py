@@ -1,4 +1,5 @@
-"""The patch mechanism (``vllm_patches.patch``) and the version check of ``apply``."""
+"""The patch mechanism (``vllm_integration/patching.py``) and the version check of
+``vllm_integration.apply``."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hetero_spec import vllm_patches
+from vllm_hetero_spec import vllm_integration
 from vllm_hetero_spec.pin import VLLM_VERSION
+from vllm_hetero_spec.vllm_integration import (
+    compile_cache, cpu_fixes, engine_args, multiprocess_metrics, patching, request_params, runner_hooks)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,33 +25,48 @@ class _Target:
 
 
 def test_a_patch_is_recorded_and_refuses_a_second_apply(monkeypatch) -> None:
-    monkeypatch.setattr(vllm_patches, "APPLIED", [])
-    monkeypatch.setattr(vllm_patches, "_patched", set())
+    monkeypatch.setattr(patching, "APPLIED", [])
+    monkeypatch.setattr(patching, "_patched", set())
     target = type("Target", (_Target,), {})
-    record = vllm_patches.patch(target, "greet", lambda self: "patched", "Why: a test.\n   Second line.")
+    record = patching.patch(target, "greet", lambda self: "patched", "Why: a test.\n   Second line.",
+                            checked_on=("0.32.0",))
     assert target().greet() == "patched"
-    assert record == vllm_patches.PatchRecord(f"{__name__}.Target", "greet", "Why: a test. Second line.")
-    assert vllm_patches.APPLIED == [record]
-    with pytest.raises(vllm_patches.PatchError, match="already patched"):
-        vllm_patches.patch(target, "greet", lambda self: "again", "Why: twice.")
-    assert target().greet() == "patched" and len(vllm_patches.APPLIED) == 1
-    with pytest.raises(vllm_patches.PatchError, match="no attribute"):
-        vllm_patches.patch(target, "gone", lambda self: None, "Why: vLLM renamed it.")
+    assert record == patching.PatchRecord(f"{__name__}.Target", "greet", "Why: a test. Second line.", ("0.32.0",))
+    assert patching.APPLIED == [record]
+    with pytest.raises(patching.PatchError, match="already patched"):
+        patching.patch(target, "greet", lambda self: "again", "Why: twice.", checked_on=("0.32.0",))
+    assert target().greet() == "patched" and len(patching.APPLIED) == 1
+    with pytest.raises(patching.PatchError, match="no attribute"):
+        patching.patch(target, "gone", lambda self: None, "Why: vLLM renamed it.", checked_on=("0.32.0",))
     module = types.ModuleType("fake_module")
     module.f = lambda: 1
-    assert vllm_patches.patch(module, "f", lambda: 2, "Why: modules too.").target == "fake_module"
+    module.g = lambda: 1
+    assert patching.patch(module, "f", lambda: 2, "Why: modules too.", checked_on=("0.32.0",)).target == "fake_module"
+    with pytest.raises(patching.PatchError, match="name the vLLM versions"):
+        patching.patch(module, "g", lambda: 2, "Why: checked on nothing.", checked_on=())
+    assert module.g() == 1
 
 
 def test_apply_patches_vllm_once_with_a_reason_each() -> None:
-    assert vllm_patches.apply() and vllm_patches.apply()  # idempotent
-    records = [r for r in vllm_patches.APPLIED if r.target.startswith("vllm.")]
+    assert vllm_integration.apply() and vllm_integration.apply()  # idempotent
+    records = [r for r in patching.APPLIED if r.target.startswith("vllm.")]
     assert len(records) == len({(r.target, r.attribute) for r in records}) >= 11
     assert all(r.reason.startswith(("Why", "``[batch]")) and len(r.reason) > 40 for r in records), records
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     assert any(r.attribute == "propose_draft_token_ids" and "GPUModelRunner" in r.target for r in records)
-    with pytest.raises(vllm_patches.PatchError):
-        vllm_patches.patch(GPUModelRunner, "propose_draft_token_ids", lambda *a: None, "Why: twice.")
+    with pytest.raises(patching.PatchError):
+        patching.patch(GPUModelRunner, "propose_draft_token_ids", lambda *a: None, "Why: twice.",
+                       checked_on=("0.32.0",))
+
+
+def test_every_patch_was_checked_on_the_pinned_vllm() -> None:
+    """Moving the pin (``pin.py``) fails here until each patch has been read against the
+    new vLLM and its ``checked_on`` says so."""
+    assert vllm_integration.apply()
+    unchecked = [f"{r.target}.{r.attribute}: {r.checked_on}" for r in patching.APPLIED
+                 if VLLM_VERSION not in r.checked_on]
+    assert len(patching.APPLIED) >= 20 and unchecked == []
 
 
 def test_another_vllm_version_disables_the_plugin_with_one_error(monkeypatch, caplog) -> None:
@@ -56,24 +74,24 @@ def test_another_vllm_version_disables_the_plugin_with_one_error(monkeypatch, ca
 
     from vllm_hetero_spec.config import HeteroConfigError
 
-    monkeypatch.setattr(vllm_patches, "_applied", False)
-    monkeypatch.setattr(vllm_patches, "APPLIED", [])
-    monkeypatch.setattr(vllm_patches, "_patched", set())
-    monkeypatch.setattr(vllm_patches, "_vllm_version", lambda: "9.9.9")
+    monkeypatch.setattr(vllm_integration, "_applied", False)
+    monkeypatch.setattr(patching, "APPLIED", [])
+    monkeypatch.setattr(patching, "_patched", set())
+    monkeypatch.setattr(vllm_integration, "_vllm_version", lambda: "9.9.9")
     monkeypatch.setattr(EngineArgs, "create_speculative_config", lambda self, *a, **k: "vllm's own")
-    monkeypatch.delenv(vllm_patches.SKIP_VERSION_CHECK_ENV, raising=False)
-    for patched in (vllm_patches._patch_expand_kernel, vllm_patches._patch_verification_top_k_top_p,
-                    vllm_patches._patch_model_runner):
-        monkeypatch.setattr(vllm_patches, patched.__name__, lambda: pytest.fail("patched vLLM 9.9.9"))
+    monkeypatch.delenv(vllm_integration.SKIP_VERSION_CHECK_ENV, raising=False)
+    for module, name in ((cpu_fixes, "patch_expand_kernel"), (cpu_fixes, "patch_verification_top_k_top_p"),
+                         (runner_hooks, "patch_model_runner")):
+        monkeypatch.setattr(module, name, lambda: pytest.fail("patched vLLM 9.9.9"))
     # The plugin logs under vLLM's logger, which does not propagate to the root
     # logger caplog listens on.
     monkeypatch.setattr(logging.getLogger("vllm"), "handlers", [*logging.getLogger("vllm").handlers, caplog.handler])
     with caplog.at_level("ERROR"):
-        assert vllm_patches.apply() is False
-        assert vllm_patches.apply() is False
+        assert vllm_integration.apply() is False
+        assert vllm_integration.apply() is False
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert errors and VLLM_VERSION in errors[0].getMessage() and "9.9.9" in errors[0].getMessage()
-    assert [r.attribute for r in vllm_patches.APPLIED] == ["create_speculative_config"]  # only the guard
+    assert [r.attribute for r in patching.APPLIED] == ["create_speculative_config"]  # only the guard
     plain = EngineArgs(model="m", speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     assert plain.create_speculative_config(None, None) == "vllm's own"  # other vLLM uses keep working
     hetero = EngineArgs(model="m", speculative_config={"method": "hetero", "model": "d"})
@@ -82,17 +100,20 @@ def test_another_vllm_version_disables_the_plugin_with_one_error(monkeypatch, ca
 
 
 def test_the_override_patches_another_version(monkeypatch) -> None:
-    monkeypatch.setattr(vllm_patches, "_applied", False)
-    monkeypatch.setattr(vllm_patches, "_vllm_version", lambda: "9.9.9")
-    monkeypatch.setenv(vllm_patches.SKIP_VERSION_CHECK_ENV, "1")
+    monkeypatch.setattr(vllm_integration, "_applied", False)
+    monkeypatch.setattr(vllm_integration, "_vllm_version", lambda: "9.9.9")
+    monkeypatch.setenv(vllm_integration.SKIP_VERSION_CHECK_ENV, "1")
     calls = []
-    names = ("_patch_expand_kernel", "_patch_verification_top_k_top_p", "_patch_engine_args", "_patch_model_runner",
-             "_patch_min_p_logit_bias", "_patch_cli_args", "_patch_request_validation", "_patch_multiprocess_metrics",
-             "_patch_aot_compile_load", "_patch_shared_inductor_cache", "_patch_target_compile_key")
-    for name in names:
-        monkeypatch.setattr(vllm_patches, name, lambda name=name: calls.append(name))
-    assert vllm_patches.apply() is True
-    assert calls == list(names)
+    order = ((cpu_fixes, "patch_expand_kernel"), (cpu_fixes, "patch_verification_top_k_top_p"),
+             (engine_args, "patch_engine_args"), (runner_hooks, "patch_model_runner"),
+             (request_params, "patch_min_p_logit_bias"), (engine_args, "patch_cli_args"),
+             (request_params, "patch_request_validation"), (multiprocess_metrics, "patch_multiprocess_metrics"),
+             (compile_cache, "patch_aot_compile_load"), (compile_cache, "patch_shared_inductor_cache"),
+             (compile_cache, "patch_target_compile_key"))
+    for module, name in order:
+        monkeypatch.setattr(module, name, lambda name=name: calls.append(name))
+    assert vllm_integration.apply() is True
+    assert calls == [name for _, name in order]
 
 
 def test_the_pin_is_the_one_pyproject_and_setup_install() -> None:
@@ -110,10 +131,10 @@ def test_the_pin_is_the_one_pyproject_and_setup_install() -> None:
 def test_a_model_compiled_by_inductor_loads_back_from_the_aot_cache(tmp_path: Path) -> None:
     """vLLM's CPU platform compiles with inductor, saves the function to its AOT cache and
     at the next start loads it and calls ``finalize_loading`` on it, which torch's loaded
-    inductor function lacked: every engine compiled again (``_patch_aot_compile_load``)."""
+    inductor function lacked: every engine compiled again (``patch_aot_compile_load``)."""
     import torch
 
-    assert vllm_patches.apply()
+    assert vllm_integration.apply()
 
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.sin(x) + 1
@@ -130,11 +151,11 @@ def test_a_model_compiled_by_inductor_loads_back_from_the_aot_cache(tmp_path: Pa
 def test_every_configuration_compiles_into_one_shared_inductor_cache(monkeypatch, tmp_path: Path) -> None:
     """vLLM 0.32.0 points inductor at a folder of each configuration's compile hash, then
     calls ``_try_load_aot_compiled_fn``: after the plugin's wrapper, two configurations'
-    compiles use the same folder (``_patch_shared_inductor_cache``), and a missing AOT
+    compiles use the same folder (``patch_shared_inductor_cache``), and a missing AOT
     artifact still loads as nothing (the engine compiles)."""
     from vllm.compilation import decorators
 
-    assert vllm_patches.apply()
+    assert vllm_integration.apply()
     model = type("Model", (), {"vllm_config": None, "_is_encoder": False})()
     folders = []
     for config_hash in ("aaa", "bbb"):
@@ -152,13 +173,13 @@ def test_every_configuration_compiles_into_one_shared_inductor_cache(monkeypatch
 
 def test_a_hetero_engine_compiles_its_target_under_the_plain_engines_key(smollm2: str) -> None:
     """vLLM 0.32.0 keys its AOT compile cache by the whole config, so each hetero config
-    compiled its target again; after ``_patch_target_compile_key`` every hetero config of
+    compiled its target again; after ``patch_target_compile_key`` every hetero config of
     one target keys as the plain engine, while what shapes the graph still separates keys:
     vLLM's ``draft_model`` (its drafter's config) and another ``max_num_seqs``."""
     from vllm.compilation import caching
     from vllm.engine.arg_utils import EngineArgs
 
-    assert vllm_patches.apply()
+    assert vllm_integration.apply()
 
     def key(spec: dict | None, max_num_seqs: int = 2) -> list:
         config = EngineArgs(model=smollm2, max_model_len=512, max_num_seqs=max_num_seqs,

@@ -10,8 +10,8 @@ import logging
 
 import pytest
 
-MODULES = ("vllm_hetero_spec.proposer", "vllm_hetero_spec.startup", "vllm_hetero_spec.vllm_patches",
-           "vllm_hetero_spec.drafter.placement.ray_executor")
+MODULES = ("vllm_hetero_spec.vllm_integration", "vllm_hetero_spec.vllm_integration.proposer",
+           "vllm_hetero_spec.vllm_integration.startup_checks", "vllm_hetero_spec.drafter.placement.ray_executor")
 
 
 @pytest.mark.parametrize("name", MODULES)

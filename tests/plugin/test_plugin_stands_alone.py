@@ -23,9 +23,10 @@ def test_loading_the_whole_plugin_loads_no_harness_module() -> None:
     """Every module vLLM can reach, imported in a fresh process (the harness is
     importable there, so only an import would load it)."""
     code = (
-        "import sys, vllm_hetero_spec, vllm_hetero_spec.vllm_patches, vllm_hetero_spec.startup, "
-        "vllm_hetero_spec.proposer, vllm_hetero_spec.verify.sampler, vllm_hetero_spec.drafter.engine; "
-        "vllm_hetero_spec.vllm_patches.apply(); import hetero_harness; "
+        "import sys, vllm_hetero_spec, vllm_hetero_spec.vllm_integration, "
+        "vllm_hetero_spec.vllm_integration.startup_checks, vllm_hetero_spec.vllm_integration.proposer, "
+        "vllm_hetero_spec.verify.sampler, vllm_hetero_spec.drafter.engine; "
+        "vllm_hetero_spec.vllm_integration.apply(); import hetero_harness; "
         "print(sorted(m for m in sys.modules if m.startswith('hetero_harness.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)

@@ -8,8 +8,8 @@ import pytest
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import SamplingParams
 
-from vllm_hetero_spec import vllm_patches
-from vllm_hetero_spec.request_validation import check_extra_args
+from vllm_hetero_spec import vllm_integration
+from vllm_hetero_spec.vllm_integration.request_validation import check_extra_args
 
 
 @pytest.mark.parametrize("extra", [None, {}, {"fsd_threshold": 0}, {"fsd_threshold": 0.25}, {"someone_elses": 1},
@@ -44,7 +44,7 @@ def test_offline_requests_are_checked_before_the_engine() -> None:
     before vLLM's own checks (so a stand-in processor is enough to show it)."""
     from vllm.v1.engine.input_processor import InputProcessor
 
-    vllm_patches.apply()
+    vllm_integration.apply()
     params = SamplingParams(max_tokens=4, extra_args={"fsd_threshold": -0.5})
     plain = SimpleNamespace(vllm_config=SimpleNamespace(additional_config=None))
     with pytest.raises(VLLMValidationError, match="fsd_threshold"):
@@ -58,7 +58,7 @@ def test_a_request_may_name_only_a_rule_its_engine_drafts_with() -> None:
 
     from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, parse_settings
 
-    vllm_patches.apply()
+    vllm_integration.apply()
     settings, _ = parse_settings({"method": "hetero", "model": "smollm2-135m", "num_speculative_tokens": 2,
                                   "auto_greedy": ["slem"], "auto_sampled": ["tli"]})
     engine = SimpleNamespace(vllm_config=SimpleNamespace(additional_config={ADDITIONAL_CONFIG_KEY: settings.to_dict()}))
@@ -72,7 +72,7 @@ def test_a_request_may_name_only_a_rule_its_engine_drafts_with() -> None:
 def test_openai_requests_are_checked_when_params_are_built() -> None:
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    vllm_patches.apply()
+    vllm_integration.apply()
     request = CompletionRequest(model="m", prompt="hi", max_tokens=4, vllm_xargs={"fsd_threshold": -1})
     with pytest.raises(VLLMValidationError, match="fsd_threshold"):
         request.to_sampling_params(max_tokens=4, default_sampling_params={})

@@ -1,7 +1,7 @@
-"""``scripts/vllm_patch_report.py`` offline: its target list (parsed from ``vllm_patches.py``
-and the plugin's vLLM imports) and its tree comparison, on the installed vLLM against
-itself and against copies with a patched function's body changed and a module deleted.
-No download, no vLLM import (the script reads sources with ``ast``)."""
+"""``scripts/vllm_patch_report.py`` offline: its target list (parsed from the patches in
+``vllm_integration/`` and the plugin's vLLM imports) and its tree comparison, on the
+installed vLLM against itself and against copies with a patched function's body changed
+and a module deleted. No download, no vLLM import (the script reads sources with ``ast``)."""
 
 from __future__ import annotations
 

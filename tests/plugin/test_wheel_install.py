@@ -24,10 +24,10 @@ from vllm_hetero_spec import _alignment
 from vllm_hetero_spec.config import parse_settings
 (ep,) = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == "hetero_spec"]
 load_general_plugins()
-from vllm_hetero_spec import vllm_patches
+from vllm_hetero_spec.vllm_integration import patching
 settings, spec = parse_settings({"method": "hetero", "model": sys.argv[1], "num_speculative_tokens": 3})
 print(json.dumps({"module": vllm_hetero_spec.__file__, "alignment": _alignment.__file__, "entry": ep.value,
-                  "active": bool(vllm_patches.APPLIED), "vllm": vllm.__version__, "torch": torch.__version__,
+                  "active": bool(patching.APPLIED), "vllm": vllm.__version__, "torch": torch.__version__,
                   "proposer": spec["model"]}))
 """
 
@@ -72,4 +72,4 @@ def test_the_wheel_installs_beside_a_users_vllm_and_vllm_loads_it(wheel: Path, t
     assert seen["module"].startswith(str(site)) and seen["alignment"].startswith(str(site))  # the wheel's, compiled
     assert seen["entry"] == "vllm_hetero_spec:register" and seen["active"]
     assert (seen["vllm"], seen["torch"]) == (vllm.__version__, torch.__version__)  # left alone
-    assert seen["proposer"] == "vllm_hetero_spec.proposer.HeteroProposer"
+    assert seen["proposer"] == "vllm_hetero_spec.vllm_integration.proposer.HeteroProposer"

@@ -148,7 +148,7 @@ def rules_per_temperature(text: str | None, temperatures: list[float], id_mapped
                           ) -> dict[str, list[str]]:
     """The rules measured at each temperature: ``--rules``, else the candidates ``auto``
     takes for its kind of request (for a pair that agrees id for id, ``tli`` alone:
-    ``startup.py``)."""
+    ``vllm_integration/startup_checks.py``)."""
     if text:
         rules = list(dict.fromkeys(r.strip() for r in text.split(",") if r.strip()))
         bad = [r for r in rules if r not in LOSSLESS_RULES]

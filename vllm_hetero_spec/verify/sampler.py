@@ -9,8 +9,8 @@ identical on every platform. This also sidesteps the CPU build's broken ``expand
 path for the acceptance itself.
 
 Its inputs from drafting arrive as one :class:`VerifyPlan` per step, handed over by the
-runner's propose hook (``vllm_patches.py``): q in compact form, forced rejections, fsd
-thresholds, and which requests must be verified one-hot. vLLM's dense
+runner's propose hook (``vllm_integration/runner_hooks.py``): q in compact form, forced
+rejections, fsd thresholds, and which requests must be verified one-hot. vLLM's dense
 draft-probabilities slot is not used. Which rows are greedy comes from one place, vLLM's
 own classification of the batch (:class:`BatchRows`): the device flags the rule reads and
 the host list of rows that get random draws are both built from it, so a row can never be

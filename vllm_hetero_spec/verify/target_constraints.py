@@ -83,7 +83,7 @@ def constrain(
     """vLLM's ``apply_sampling_constraints`` (temperature, top-k, top-p; greedy rows at
     temperature 1; nothing for an all-greedy batch) with ``min_p`` ``[T, 1]`` applied
     after the temperature. vLLM's functions are looked up at call time, so the
-    plugin's replacements of them (``vllm_patches.py``) apply here too."""
+    plugin's replacements of them (``vllm_integration/cpu_fixes.py``) apply here too."""
     if sampling_metadata.all_greedy:
         return logits
     num_tokens = logits.shape[0]

@@ -11,8 +11,8 @@ precision produced it), only acceptance and speed, so the default may pick for s
   forward (docs/benchmarks.md, "Measured, not adopted": the drafter-speed run);
 - any other CPU: float32 (bf16 is emulated there, and slower).
 
-Resolved once, where the config is parsed (``startup.py``), so every worker and rank
-gets the same concrete dtype.
+Resolved once, where the config is parsed (``vllm_integration/startup_checks.py``), so
+every worker and rank gets the same concrete dtype.
 """
 
 from __future__ import annotations

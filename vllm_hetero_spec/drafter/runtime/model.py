@@ -43,7 +43,7 @@ def draft_engine_args(cfg: RuntimeConfig):
     """vLLM's ``EngineArgs`` for the drafter alone: its model as named (a Hub id is
     fetched by vLLM's loader at the config's revision, into its download folder), the
     draft-model keys (``cfg.load``) and the runtime's sizes. The start-up check
-    (``startup.py``) builds the drafter's ``ModelConfig`` from these same arguments, so
+    (``vllm_integration/startup_checks.py``) builds the drafter's ``ModelConfig`` from these same arguments, so
     a key vLLM refuses (a quantization the checkpoint or platform lacks, a length past
     the model's) fails there, naming it, and not in a worker."""
     from vllm.engine.arg_utils import EngineArgs

@@ -11,8 +11,8 @@ That need is capped, so a long ``max_model_len`` cannot claim the device: at the
 target's own explicit KV budget when there is one (``kv_cache_memory_bytes``, which
 ``VLLM_CPU_KVCACHE_SPACE`` sets on CPU: the drafter never reserves more than the target
 does), else at a tenth of the device's memory. Resolved once in the engine's process
-(``proposer.py``) and logged; a standalone drafter (tests, benchmarks, no engine) keeps
-:data:`STANDALONE_MB`.
+(``vllm_integration/proposer.py``) and logged; a standalone drafter (tests, benchmarks,
+no engine) keeps :data:`STANDALONE_MB`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The drafter's tensor-parallel group of one rank, and the scoped swap that makes it
 vLLM's TP group while the drafter is built and run.
 
-It sits below both ``drafter/runtime/model.py`` (which uses it) and ``vllm_patches.py`` (which
-imports the proposer, hence the runtime): the swap is not a patch of vLLM's code but a
+It sits below both ``drafter/runtime/model.py`` (which uses it) and ``vllm_integration/``
+(whose proposer imports the runtime): the swap is not a patch of vLLM's code but a
 scoped change of one of its globals, restored on exit.
 """
 
@@ -61,7 +61,7 @@ def _worker_group(vllm_config: Any) -> Any | None:
 
 def join_draft_tp_group(vllm_config: Any) -> None:
     """On a TP rank that does not draft: take part in creating the drafter's groups,
-    which torch.distributed makes collectively (``proposer.py``); nothing outside a worker."""
+    which torch.distributed makes collectively (``vllm_integration/proposer.py``); nothing outside a worker."""
     _worker_group(vllm_config)
 
 

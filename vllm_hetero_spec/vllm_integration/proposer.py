@@ -41,13 +41,13 @@ from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runti
 from vllm_hetero_spec.drafter.runtime.tp_group import join_draft_tp_group
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
 from vllm_hetero_spec.drafter.strategies.registry import divergence_strategy, forward_only_rules
-from vllm_hetero_spec.drafts_broadcast import share_drafts
 from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.model_names import target_tokenizer_folder
 from vllm_hetero_spec.policy.budget import FixedBudget, make_budget
 from vllm_hetero_spec.policy.rule_choice import RuleChooser
 from vllm_hetero_spec.verify.plan import VerifyPlan
+from vllm_hetero_spec.vllm_integration.drafts_broadcast import share_drafts
 
 logger = plugin_logger(__name__)
 
@@ -183,7 +183,7 @@ class HeteroProposer:
 
     def capture_graphs(self) -> int:
         """Capture the drafter's CUDA graphs; vLLM's runner calls this in its own capture
-        phase (``vllm_patches.py``). Returns how many were captured."""
+        phase (``runner_hooks.py``). Returns how many were captured."""
         if self.executor is None:
             return 0
         n = self.graphs_captured = self.executor.capture_graphs()
@@ -193,14 +193,14 @@ class HeteroProposer:
 
     def graph_memory(self) -> int:
         """Bytes the drafter's CUDA graphs will take, added to vLLM's own graph estimate
-        (``vllm_patches.py``) so the KV cache is sized with them counted."""
+        (``runner_hooks.py``) so the KV cache is sized with them counted."""
         n = self.graph_bytes = self.executor.graph_memory() if self.executor is not None else 0
         if n:
             logger.info("hetero spec: draft CUDA graphs take %.1f MiB", n / (1 << 20))
         return n
 
     def profile(self, num_tokens: int, num_rows: int) -> None:
-        """The drafter's transient peak inside vLLM's profile run (``vllm_patches.py``),
+        """The drafter's transient peak inside vLLM's profile run (``runner_hooks.py``),
         so the memory vLLM leaves for the target's KV cache accounts for it. Only on an
         accelerator: on CPU the KV space is given explicitly, and a forward of
         ``max_num_batched_tokens`` would cost seconds of start-up."""
