@@ -7,7 +7,7 @@ FlashInfer. ``--dry-run`` prints the plan anywhere; without CUDA the script refu
 The GPU machines lent to this project carry torch but no vLLM (vLLM's CUDA wheel does
 not travel there), so this checks what can run without it: the verification rule
 (``verify/rules.py``, compact q included), the drafter's sampling and the mapping onto
-the target vocabulary (``drafter/sampling.py``, ``drafter/strategies/mapped_sampling.py``). Four checks:
+the target vocabulary (``drafter/sampling.py``, ``drafter/rules/mapped_sampling.py``). Four checks:
 
 1. **Agreement**: the same inputs give the same emitted tokens on the device as on the
    CPU (the rule is exact arithmetic on its inputs), and the same draft distributions
@@ -55,7 +55,7 @@ from _stats import follows_pvalue  # noqa: E402
 from report import results_dir, write_report  # noqa: E402
 
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample  # noqa: E402
-from vllm_hetero_spec.drafter.strategies.mapped_sampling import TOKEN_LEVEL, draft_step  # noqa: E402
+from vllm_hetero_spec.drafter.rules.mapped_sampling import TOKEN_LEVEL, draft_step  # noqa: E402
 from vllm_hetero_spec.verify.draft_probs import DraftProbs  # noqa: E402
 from vllm_hetero_spec.verify.plan import VerifyPlan  # noqa: E402
 from vllm_hetero_spec.verify.rules import BlockQ, verify_tokens  # noqa: E402

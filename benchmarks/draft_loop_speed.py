@@ -1,6 +1,6 @@
 """Draft loop speed before and after a change, in one run.
 
-``DraftEngine.step`` on the real drafter (SmolLM2-135M, the draft dtype ``auto`` picks
+``BatchDrafter.step`` on the real drafter (SmolLM2-135M, the draft dtype ``auto`` picks
 here) and the real SmolLM2 -> Qwen2.5 tokenizer pair: b requests with Spec-Bench
 prompts, one warm step (their prompts), then ``--steps`` timed steps, each committing
 one more target token per request (the first proposal, or a space), so every step
@@ -34,7 +34,7 @@ def child(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
     from vllm_hetero_spec.config import HeteroSettings
-    from vllm_hetero_spec.drafter.engine import DraftEngine
+    from vllm_hetero_spec.drafter.batch_drafter import BatchDrafter
     from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
     from hetero_harness.models import ensure_model
     from hetero_harness.prompts import spec_bench_questions
@@ -47,7 +47,7 @@ def child(args: argparse.Namespace) -> None:
         settings = HeteroSettings(algorithm=algorithm, draft_model=draft, draft_tokenizer=draft,
                                   num_speculative_tokens=4, max_draft_tokens=4, draft_budget="fixed",
                                   draft_kv_pool_mb=256)
-        engine = DraftEngine(settings, target, 151936)
+        engine = BatchDrafter(settings, target, 151936)
         for b in args.batch_sizes:
             ids = [f"{algorithm}-{b}-{i}" for i in range(b)]
             tokens = [tok.encode(q)[:200] for q in questions[:b]]
@@ -106,7 +106,7 @@ def main() -> None:
         r["speedup"] = r["baseline_ms"] / r["current_ms"]
     meta = run_meta({k: v for k, v in vars(args).items() if k != "child"}, commit_baseline=args.baseline)
     lines = [
-        f"`DraftEngine.step` (k = 4, T = {args.temperature}), SmolLM2-135M drafting for the Qwen2.5 tokenizer, "
+        f"`BatchDrafter.step` (k = 4, T = {args.temperature}), SmolLM2-135M drafting for the Qwen2.5 tokenizer, "
         f"200-token Spec-Bench prompts; median over {args.repeats} alternating runs per side of the per-step "
         f"median of {args.steps} steps; baseline = commit `{args.baseline}`. `benchmarks/draft_loop_speed.py`.",
         "",

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from report import table, write_report
 
-from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime, RuntimeConfig
+from vllm_hetero_spec.drafter.runtime.model import DraftModel, RuntimeConfig
 from vllm_hetero_spec.drafter.sampling import SamplingRows
-from vllm_hetero_spec.drafter.strategies.slrs.proposer import StringLevelProposer
+from vllm_hetero_spec.drafter.rules.slrs.first_token import FirstTokenSampler
 from hetero_harness.models import ensure_model
 from hetero_harness.prompts import chat_prompts, spec_bench_questions
 from vllm_hetero_spec.vocab.bridge import VocabBridge
@@ -76,8 +76,8 @@ def _summary(values: np.ndarray) -> dict[str, float]:
 def runtime_counts(bridge: VocabBridge, draft_path: str, target_path: str, contexts: int, steps: int) -> dict[str, float]:
     """Drive the drafter through real prompts: each step proposes a first token with
     slrs defaults, then commits the drafter's greedy token (a plausible text path)."""
-    runtime = DraftModelRuntime(RuntimeConfig(draft_path))
-    proposer = StringLevelProposer(
+    runtime = DraftModel(RuntimeConfig(draft_path))
+    proposer = FirstTokenSampler(
         bridge.draft_bytes, bridge.target_bytes, bridge.target_encoder, bridge.target_tokenizer.eos_token_id,
         len(bridge.target_bytes), max_nodes=32, num_candidates=8, min_prob=1e-3,
     )

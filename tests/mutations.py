@@ -51,7 +51,7 @@ MUTATIONS = [
     ),
     Mutation(
         "M10", "slrs draws its first token uniformly over the candidates instead of from q",
-        "vllm_hetero_spec/drafter/strategies/slrs/proposer.py",
+        "vllm_hetero_spec/drafter/rules/slrs/first_token.py",
         "_draw(law if gen is None else law.to(gen.device), gen)",
         "_draw((law > 0).float() if gen is None else (law > 0).float().to(gen.device), gen)",
         ("tests/drafter/test_proposer_token_level.py", "-k", "drawn_from_the_q"),
@@ -109,7 +109,7 @@ MUTATIONS = [
     ),
     Mutation(
         "read-each", "the draft loop reads back every position on an accelerator",
-        "vllm_hetero_spec/drafter/engine.py",
+        "vllm_hetero_spec/drafter/batch_drafter.py",
         'self.defer_reads = self.runtime.device.type != "cpu"',
         "self.defer_reads = False",
         ("tests/drafter/test_draft_loop_device.py",),
@@ -244,15 +244,15 @@ MUTATIONS = [
     ),
     Mutation(
         "auto-one-rule", "auto drafts every row of a mixed batch with the first rule in it",
-        "vllm_hetero_spec/drafter/engine.py",
-        "            part, drafted_s = self._step_rule(self.strategies[rule], batch, active, budget, stop)",
-        "            part, drafted_s = self._step_rule(self.strategies[rules[active[0]]], batch, "
+        "vllm_hetero_spec/drafter/batch_drafter.py",
+        "            part, drafted_s = self._step_rule(self.draft_rules[rule], batch, active, budget, stop)",
+        "            part, drafted_s = self._step_rule(self.draft_rules[rules[active[0]]], batch, "
         "[i for i, ok in enumerate(ready) if ok], budget, stop)",
         ("tests/drafter/test_mixed_rules.py",),
     ),
     Mutation(
         "auto-row-order", "auto's mixed batch hands rows their drafts in rule order, not batch order",
-        "vllm_hetero_spec/drafter/engine.py",
+        "vllm_hetero_spec/drafter/batch_drafter.py",
         "            out = joined.select([where[i] for i in range(len(ready))])",
         "            out = joined",
         ("tests/drafter/test_mixed_rules.py",),
@@ -352,9 +352,9 @@ MUTATIONS = [
     ),
     Mutation(
         "grammar-json-only", "only JSON-schema requests are verified one-hot (regex, choice, grammar with q)",
-        "vllm_hetero_spec/vllm_integration/proposer.py",
-        "        return p is not None and p.structured_outputs is not None",
-        "        return p is not None and p.structured_outputs is not None and p.structured_outputs.json is not None",
+        "vllm_hetero_spec/vllm_integration/batch_requests.py",
+        "    return p is not None and p.structured_outputs is not None",
+        "    return p is not None and p.structured_outputs is not None and p.structured_outputs.json is not None",
         ("tests/drafter/test_proposer_token_level.py", "-k", "structured"),
     ),
     Mutation(
@@ -380,21 +380,21 @@ MUTATIONS = [
     ),
     Mutation(
         "profile-top-k", "the drafter's profile samples with top-k 50 (a partial top-k, not the full sort top-p takes)",
-        "vllm_hetero_spec/drafter/engine.py",
+        "vllm_hetero_spec/drafter/batch_drafter.py",
         "rows = SamplingRows.build([1.0] * n, [0] * n, [0.9] * n,",
         "rows = SamplingRows.build([1.0] * n, [50] * n, [0.9] * n,",
         ("tests/drafter/test_draft_loop_device.py", "-k", "profile"),
     ),
     Mutation(
         "profile-no-q-held", "the drafter's profile drops each position's q instead of holding it to the step's end",
-        "vllm_hetero_spec/drafter/strategies/base.py",
+        "vllm_hetero_spec/drafter/rules/base.py",
         "            if drawn.verify_q is not None:\n                q_parts.append(drawn.verify_q)\n",
         "",
         ("tests/drafter/test_draft_loop_device.py", "-k", "profile"),
     ),
     Mutation(
         "slrs-level-unsliced", "slrs evaluates a whole tree level in one forward however wide",
-        "vllm_hetero_spec/drafter/strategies/slrs/proposer.py",
+        "vllm_hetero_spec/drafter/rules/slrs/first_token.py",
         "            for part in _slices(grow, [len(fronts[i]) for i in grow], runtime.cfg.max_rows):",
         "            for part in [grow]:",
         ("tests/drafter/test_slrs.py", "-k", "slices"),

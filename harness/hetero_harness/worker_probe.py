@@ -45,7 +45,7 @@ def _time_runner(names: list[str]) -> None:
 def _draft_runtime(drafter: Any) -> Any:
     """The draft model runtime of our in-process drafter (``None``: none here, or it
     drafts in a Ray actor)."""
-    engine = getattr(getattr(drafter, "executor", None), "engine", None)
+    engine = getattr(getattr(drafter, "host", None), "drafter", None)
     return getattr(engine, "runtime", None)
 
 

@@ -24,7 +24,7 @@ from vllm.distributed.parallel_state import GroupCoordinator  # noqa: E402
 
 from vllm_hetero_spec.vllm_integration import proposer as proposer_module  # noqa: E402
 from vllm_hetero_spec.config import HeteroSettings  # noqa: E402
-from vllm_hetero_spec.drafter import engine as engine_module  # noqa: E402
+from vllm_hetero_spec.drafter import batch_drafter as engine_module  # noqa: E402
 from vllm_hetero_spec.vocab.bridge import load_tokenizer  # noqa: E402
 
 STEPS = 3
@@ -48,8 +48,8 @@ def main(rank: int, port: int, smollm2: str, qwen05: str, out: str, faults: list
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     group = GroupCoordinator([[0, 1]], local_rank=rank, torch_distributed_backend="gloo", use_device_communicator=False)
     FaultyRuntime.script, FaultyRuntime.confidence = [TOKEN], {0: 0.6, 1: 0.7, 2: 0.8}
-    engine_module.DraftModelRuntime = FaultyRuntime
-    proposer_module._tp_group = lambda: group
+    engine_module.DraftModel = FaultyRuntime
+    proposer_module.tp_group = lambda: group
     results = {}
     for fault in faults:
         FaultyRuntime.fault = fault if rank == 1 else ""
@@ -78,7 +78,7 @@ def _steps(smollm2: str, qwen05: str) -> dict:
         q = None if plan is None or plan.q is None else (plan.q.probs.numpy().tobytes(), plan.q.support.tolist())
         seen.append({"proposals": proposals, "q": q, "q_index": None if plan is None else plan.q_index,
                      "force_reject": None if plan is None else plan.force_reject})
-    return {"steps": seen, "drafter": prop.executor is not None, "fallbacks": prop.stats.fallbacks,
+    return {"steps": seen, "drafter": prop.host is not None, "fallbacks": prop.stats.fallbacks,
             "budget_steps": prop.stats.budget_steps}
 
 

@@ -3,7 +3,7 @@ FlashAttention (SM80/SM90), Triton, FlashInfer (Blackwell, or head sizes FlashAt
 lacks) -- on a fake ``cuda`` device, with vLLM's real backend classes, attention layers,
 metadata builders and planning code.
 
-Each case builds what ``DraftModelRuntime`` builds (block size, pool layout, metadata
+Each case builds what ``DraftModel`` builds (block size, pool layout, metadata
 builders) with the runtime's own functions, while the *target's* config is vLLM's
 current config (as inside a worker) and the target's head size differs from the
 drafter's, then plans a forward wider than the largest CUDA graph (``slrs``'s tree

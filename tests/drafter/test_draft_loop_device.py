@@ -2,8 +2,8 @@
 traffic counted (``tests/_device_traffic.py``): what an engine step costs in syncs and
 copies on an accelerator, shown without one.
 
-The engine is the real ``DraftEngine`` on the real SmolLM2 -> Qwen tokenizer pair, for
-every algorithm; its runtime is the real ``DraftModelRuntime`` forward path (input
+The engine is the real ``BatchDrafter`` on the real SmolLM2 -> Qwen tokenizer pair, for
+every algorithm; its runtime is the real ``DraftModel`` forward path (input
 staging, KV bookkeeping, the forward context) around a stand-in model on the fake
 device (vLLM's model and attention kernels cannot run on fake tensors: that they run on
 CUDA is vLLM's business). Three requests per batch (greedy, sampled, seeded), two
@@ -24,13 +24,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from _device_traffic import DeviceTraffic, Traffic
 from _graph_config import graph_config
 from vllm_hetero_spec.config import HeteroSettings
-from vllm_hetero_spec.drafter import engine as engine_module
+from vllm_hetero_spec.drafter import batch_drafter as engine_module
 from vllm_hetero_spec.drafter.runtime import input_staging
 from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
 from vllm_hetero_spec.drafter.runtime.cuda_graphs import DraftGraphs
 from vllm_hetero_spec.drafter.runtime.draft_head import DraftHead
 from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool
-from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime, RuntimeConfig
+from vllm_hetero_spec.drafter.runtime.model import DraftModel, RuntimeConfig
 from vllm_hetero_spec.vocab.bridge import VocabBridge, load_tokenizer
 
 CUDA = torch.device("cuda")
@@ -80,12 +80,12 @@ class _TinyModel(torch.nn.Module):
         return hidden @ self.head
 
 
-def _runtime(graph_sizes: list[int] | None = None) -> DraftModelRuntime:
+def _runtime(graph_sizes: list[int] | None = None) -> DraftModel:
     """The real runtime's per-step code on the fake device (its model set later, under
     the fake mode; its graph buffers too, as they live on the device)."""
     from vllm.config import VllmConfig
 
-    rt = DraftModelRuntime.__new__(DraftModelRuntime)
+    rt = DraftModel.__new__(DraftModel)
     rt.cfg = RuntimeConfig("stand-in", graph_sizes=tuple(graph_sizes or ()))
     rt.vllm_config = graph_config(graph_sizes) if graph_sizes else VllmConfig()
     rt.tp_group = None
@@ -135,7 +135,7 @@ def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra, graph_siz
     monkeypatch.setattr(engine_module, "new_generator", lambda device, seed: torch.Generator().manual_seed(seed))
     monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: bridge)
     rt = _runtime(graph_sizes)
-    monkeypatch.setattr(engine_module, "DraftModelRuntime", lambda cfg: rt)
+    monkeypatch.setattr(engine_module, "DraftModel", lambda cfg: rt)
     settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2,
                               num_speculative_tokens=K, max_draft_tokens=K, draft_budget="fixed", **extra)
     prompt = load_tokenizer(qwen05).encode("def fibonacci(n):\n    return")
@@ -148,7 +148,7 @@ def _run_steps(monkeypatch, bridge, smollm2, qwen05, algorithm, extra, graph_siz
             rt.head = DraftHead(rt.model, torch.arange(settings.draft_head_tokens, device=CUDA), DRAFT_V)
             rt.head.register_forward_hook(lambda module, args, out: forwards_by_head.append(out.shape))
         rt.graphs = DraftGraphs(rt.vllm_config, CUDA)
-        engine = engine_module.DraftEngine(settings, qwen05, TARGET_V)
+        engine = engine_module.BatchDrafter(settings, qwen05, TARGET_V)
         probe.reset()
         req_ids = ["greedy", "sampled", "seeded"]
         for n in range(2):
@@ -284,7 +284,7 @@ def test_capture_runs_each_bucket_on_the_persistent_buffers(monkeypatch) -> None
 
 
 def test_the_profile_run_is_the_largest_forward_and_sampling(monkeypatch, bridge, smollm2, qwen05) -> None:
-    """What vLLM's memory profile sees of the drafter (``DraftEngine.profile``): one
+    """What vLLM's memory profile sees of the drafter (``BatchDrafter.profile``): one
     forward of ``max_forward_tokens`` (the cap of every forward), logits for the batch's
     rows and the costliest sampling path, on the device with no read-back and no KV
     write (no attention metadata)."""
@@ -300,7 +300,7 @@ def test_the_profile_run_is_the_largest_forward_and_sampling(monkeypatch, bridge
 
 @pytest.mark.parametrize("algorithm", ["tli", "slrs"])
 def test_profile_covers_a_top_p_steps_peak(monkeypatch, bridge, smollm2, qwen05, algorithm) -> None:
-    """``DraftEngine.profile`` -- what vLLM's memory profile sees of the drafter -- peaks
+    """``BatchDrafter.profile`` -- what vLLM's memory profile sees of the drafter -- peaks
     at least as high as a real engine step of the same rows: six top-p-only
     requests (the whole draft vocabulary sorted at each position) drafting ``K``
     positions with every position's q kept. Peaks are the fake device's bytes above
@@ -312,7 +312,7 @@ def test_profile_covers_a_top_p_steps_peak(monkeypatch, bridge, smollm2, qwen05,
     monkeypatch.setattr(engine_module, "new_generator", lambda device, seed: torch.Generator().manual_seed(seed))
     monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: bridge)
     rt = _runtime()
-    monkeypatch.setattr(engine_module, "DraftModelRuntime", lambda cfg: rt)
+    monkeypatch.setattr(engine_module, "DraftModel", lambda cfg: rt)
     settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2,
                               num_speculative_tokens=K, max_draft_tokens=K, draft_budget="fixed")
     prompt = load_tokenizer(qwen05).encode("def fibonacci(n):\n    return")
@@ -322,7 +322,7 @@ def test_profile_covers_a_top_p_steps_peak(monkeypatch, bridge, smollm2, qwen05,
     with FakeTensorMode(allow_non_fake_inputs=True), DeviceTraffic(values):
         rt.model = _TinyModel()
         rt.graphs = DraftGraphs(rt.vllm_config, CUDA)
-        engine = engine_module.DraftEngine(settings, qwen05, TARGET_V)
+        engine = engine_module.BatchDrafter(settings, qwen05, TARGET_V)
         steps = []
         for n in range(2):  # the prompts' catch-up, then a step of K positions
             with DeviceMemory() as memory:

@@ -19,19 +19,19 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from vllm_hetero_spec.drafter.runtime.paged_kv import PoolExhausted, TokenTree
-from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime, RuntimeConfig
+from vllm_hetero_spec.drafter.runtime.model import DraftModel, RuntimeConfig
 
 TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def smollm2_runtime(smollm2: str) -> DraftModelRuntime:
-    return DraftModelRuntime(RuntimeConfig(smollm2, torch.float32, kv_pool_mb=96))
+def smollm2_runtime(smollm2: str) -> DraftModel:
+    return DraftModel(RuntimeConfig(smollm2, torch.float32, kv_pool_mb=96))
 
 
 @pytest.fixture(scope="module")
-def gemma_runtime(gemma: str) -> DraftModelRuntime:
-    return DraftModelRuntime(RuntimeConfig(gemma, torch.float32, kv_pool_mb=160))
+def gemma_runtime(gemma: str) -> DraftModel:
+    return DraftModel(RuntimeConfig(gemma, torch.float32, kv_pool_mb=160))
 
 
 def _reference(path: str, ids: list[int]) -> torch.Tensor:
@@ -45,7 +45,7 @@ def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(100, 5000, (n,), generator=g).tolist()
 
 
-def _sequential(runtime: DraftModelRuntime, path: list[int]) -> torch.Tensor:
+def _sequential(runtime: DraftModel, path: list[int]) -> torch.Tensor:
     cache = runtime.new_cache()
     try:
         return runtime.forward([cache], [path])[0]
@@ -117,7 +117,7 @@ def test_tree_nodes_match_their_paths(model: str, context_len: int, request: pyt
         cache.release()
 
 
-def test_forks_are_copy_on_write(smollm2_runtime: DraftModelRuntime) -> None:
+def test_forks_are_copy_on_write(smollm2_runtime: DraftModel) -> None:
     runtime = smollm2_runtime
     ctx = _ids(45, 2)  # ends inside a block, so both continuations write a shared block
     base = runtime.new_cache()
@@ -140,7 +140,7 @@ def test_forks_are_copy_on_write(smollm2_runtime: DraftModelRuntime) -> None:
 
 def test_pool_is_bounded(smollm2: str) -> None:
     # A pool of a few blocks: filling the 96 MiB one took a 2,000-token prefill (15 s).
-    runtime = DraftModelRuntime(RuntimeConfig(smollm2, torch.float32, kv_pool_mb=8))
+    runtime = DraftModel(RuntimeConfig(smollm2, torch.float32, kv_pool_mb=8))
     pool = runtime.pool
     free = pool.num_free
     capacity = free * pool.block_size
@@ -173,7 +173,7 @@ def test_the_pool_sizing_counts_what_the_runtime_allocates(smollm2: str, smollm2
         pool.block_size)
 
 
-def test_padded_forwards_are_exact(smollm2_runtime: DraftModelRuntime) -> None:
+def test_padded_forwards_are_exact(smollm2_runtime: DraftModel) -> None:
     """What a CUDA graph replay computes, on the real model and vLLM's CPU attention:
     forwards padded to a bucket (``drafter/runtime/cuda_graphs.py``: padding tokens reuse
     earlier ids and positions, with KV slot -1) give the logits of the same forwards
@@ -210,7 +210,7 @@ def test_padded_forwards_are_exact(smollm2_runtime: DraftModelRuntime) -> None:
         assert err < TOL, f"forward {step}: max |diff| = {err:.2e}"
 
 
-def test_a_long_catch_up_runs_in_bounded_forwards(smollm2_runtime: DraftModelRuntime, monkeypatch) -> None:
+def test_a_long_catch_up_runs_in_bounded_forwards(smollm2_runtime: DraftModel, monkeypatch) -> None:
     """A catch-up larger than ``max_forward_tokens`` (new requests' prompts) runs in
     forwards of at most that many tokens -- the bound vLLM's profile run measures, and
     the most a compiled drafter accepts -- and gives the logits of one unbounded forward;
@@ -244,7 +244,7 @@ def test_a_long_catch_up_runs_in_bounded_forwards(smollm2_runtime: DraftModelRun
         cache.release()
 
 
-def test_the_profile_forward_writes_nothing(smollm2_runtime: DraftModelRuntime, monkeypatch) -> None:
+def test_the_profile_forward_writes_nothing(smollm2_runtime: DraftModel, monkeypatch) -> None:
     """vLLM's profile run gets the drafter's largest forward (capped like every forward)
     and its logits rows, without touching the KV pool."""
     import dataclasses
@@ -263,7 +263,7 @@ def test_the_profile_forward_writes_nothing(smollm2_runtime: DraftModelRuntime, 
 
 
 def test_a_subset_head_keeps_the_whole_heads_logits_on_its_tokens(smollm2: str, smollm2_runtime) -> None:
-    subset = DraftModelRuntime(RuntimeConfig(smollm2, torch.float32, kv_pool_mb=16, head_tokens=1000))
+    subset = DraftModel(RuntimeConfig(smollm2, torch.float32, kv_pool_mb=16, head_tokens=1000))
     assert subset.head is not None and smollm2_runtime.head is None
     ids = _ids(12, 3)
     whole, part = _sequential(smollm2_runtime, ids), _sequential(subset, ids)

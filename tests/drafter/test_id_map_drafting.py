@@ -13,7 +13,7 @@ from vllm import SamplingParams
 from test_proposer_token_level import K, ScriptedRuntime, _attach, target_config
 from vllm_hetero_spec.vllm_integration import proposer as proposer_module
 from vllm_hetero_spec.config import HeteroSettings
-from vllm_hetero_spec.drafter import engine as engine_module
+from vllm_hetero_spec.drafter import batch_drafter as engine_module
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 
 QWEN_VOCAB = 151936
@@ -40,14 +40,14 @@ def same(qwen05: str) -> VocabBridge:
 @pytest.mark.parametrize("id_map", ["auto", "off"])
 def test_the_drafter_reads_the_target_ids_and_keeps_accepted_drafts(monkeypatch, same, qwen05, id_map) -> None:
     script = [1000, 2000, 3000, 4000]
-    monkeypatch.setattr(engine_module, "DraftModelRuntime", QwenScripted)
+    monkeypatch.setattr(engine_module, "DraftModel", QwenScripted)
     monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: same)
     QwenScripted.script, QwenScripted.confidence = script, {}
     settings = HeteroSettings(algorithm="tli", draft_model=qwen05, draft_tokenizer=qwen05, num_speculative_tokens=K,
                               draft_budget="fixed", draft_kv_pool_mb=64, id_map=id_map)
     prop = proposer_module.HeteroProposer(target_config(settings, qwen05))
     prop.load_model(None)
-    engine = prop.executor.engine
+    engine = prop.host.drafter
     assert (engine.id_map is not None) == (id_map == "auto")
     _attach(prop, {"r": SamplingParams(temperature=0.0)}, ["r"])
     # A target-side spelling the draft tokenizer would not choose for this text: "hello"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vllm_hetero_spec.config import HeteroConfigError, HeteroSettings, parse_settings
-from vllm_hetero_spec.drafter.engine import DraftEngine
+from vllm_hetero_spec.drafter.batch_drafter import BatchDrafter
 from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.vocab.bridge import load_tokenizer
 from hetero_harness.prompts import BRIDGE_STRESS
@@ -28,11 +28,11 @@ ROWS = [  # (request id, rule, sampling): the tli rows apart, so rule order is n
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2: str, qwen05: str) -> DraftEngine:
+def engine(smollm2: str, qwen05: str) -> BatchDrafter:
     # float32: a differently packed batch rounds the same then (bf16 may flip a near-tie).
     settings = HeteroSettings(algorithm="auto", draft_model=smollm2, draft_tokenizer=smollm2, num_speculative_tokens=4,
                               max_draft_tokens=4, draft_kv_pool_mb=64, draft_dtype="float32")
-    return DraftEngine(settings, qwen05, TARGET_VOCAB)
+    return BatchDrafter(settings, qwen05, TARGET_VOCAB)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def _q_rows(drafts: StepDrafts, row: int) -> torch.Tensor | None:
     return drafts.q.dense(torch.tensor(index), TARGET_VOCAB)
 
 
-def test_each_row_drafts_what_its_rule_alone_drafts(engine: DraftEngine, prompts: list[np.ndarray]) -> None:
+def test_each_row_drafts_what_its_rule_alone_drafts(engine: BatchDrafter, prompts: list[np.ndarray]) -> None:
     params = [dataclasses.replace(p, rule=rule) for _, rule, p in ROWS]
     req_ids = [r for r, _, _ in ROWS]
     engine.reset()
@@ -68,7 +68,7 @@ def test_each_row_drafts_what_its_rule_alone_drafts(engine: DraftEngine, prompts
     assert _q_rows(mixed, 0) is None and _q_rows(mixed, 1) is None
 
 
-def test_a_row_without_a_rule_takes_its_kinds_first_candidate(engine: DraftEngine) -> None:
+def test_a_row_without_a_rule_takes_its_kinds_first_candidate(engine: BatchDrafter) -> None:
     assert engine.rule_of(RequestParams()) == "slem"
     assert engine.rule_of(RequestParams(temperature=0.7)) == "tli"
     with pytest.raises(ValueError, match="fsd"):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from vllm_hetero_spec.config import HeteroSettings
-from vllm_hetero_spec.drafter.engine import DraftEngine
+from vllm_hetero_spec.drafter.batch_drafter import BatchDrafter
 from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch
 from vllm_hetero_spec.drafter.placement.pipeline import PipelinedDrafter, branch_count
 from vllm_hetero_spec.vocab.bridge import load_tokenizer
@@ -40,13 +40,13 @@ def test_branch_count_follows_duodecoding() -> None:
 def engines():
     """Drafting engines by (algorithm, role), loaded once for the module (loading
     dominates these tests) and freed with it."""
-    cache: dict[tuple[str, str], DraftEngine] = {}
+    cache: dict[tuple[str, str], BatchDrafter] = {}
     yield cache
     cache.clear()
     gc.collect()
 
 
-def _engine(engines: dict, smollm2: str, qwen05: str, algorithm: str, role: str) -> DraftEngine:
+def _engine(engines: dict, smollm2: str, qwen05: str, algorithm: str, role: str) -> BatchDrafter:
     """A drafting engine with no request state and zeroed counters."""
     key = (algorithm, role)
     if key not in engines:
@@ -54,10 +54,10 @@ def _engine(engines: dict, smollm2: str, qwen05: str, algorithm: str, role: str)
         # differently packed batch rounds differently, and a near-tie's argmax can flip.
         settings = HeteroSettings(algorithm=algorithm, draft_model=smollm2, draft_tokenizer=smollm2, num_speculative_tokens=4,
                                   max_draft_tokens=4, draft_kv_pool_mb=64, draft_dtype="float32")
-        engines[key] = DraftEngine(settings, qwen05, TARGET_VOCAB)
+        engines[key] = BatchDrafter(settings, qwen05, TARGET_VOCAB)
     engine = engines[key]
     engine.reset()
-    engine.stats.__init__()  # zeroed in place: the engine's strategies hold this object
+    engine.stats.__init__()  # zeroed in place: the engine's draft rules hold this object
     return engine
 
 
@@ -92,7 +92,7 @@ def test_a_hit_is_what_drafting_now_would_give(engines, smollm2, qwen05, prompts
             got_q, want_q = (d.q.take([j for r in d.q_index for j in r if j >= 0]) for d in (got, want))
             assert torch.equal(got_q.support, want_q.support)
             torch.testing.assert_close(got_q.probs, want_q.probs, rtol=1e-4, atol=1e-7)
-        assert pipelined.engine.stats.pipeline_hits == hits
+        assert pipelined.drafter.stats.pipeline_hits == hits
         pipelined.speculate()
         # The target accepts everything and its bonus token is the first branch's (a
         # request without branches -- its likely next draft tokens are partial UTF-8,
@@ -119,16 +119,16 @@ def test_a_miss_drafts_on_demand(engines, smollm2, qwen05, prompts) -> None:
                for b in pipelined.branches["r"])
     nxt = StepBatch(["r"], [corrected], [RequestParams()], 4)
     assert pipelined.step(nxt).ids == plain.step(nxt).ids
-    stats = pipelined.engine.stats
+    stats = pipelined.drafter.stats
     assert (stats.pipeline_hits, stats.pipeline_misses) == (0, 1)
-    assert set(pipelined.engine.states) == {"r"}  # the branches' states are gone
+    assert set(pipelined.drafter.states) == {"r"}  # the branches' states are gone
 
 
 def test_finished_requests_take_their_branches_along(engines, smollm2, qwen05, prompts) -> None:
     pipelined = PipelinedDrafter(_engine(engines, smollm2, qwen05, "slem", "pipelined"), max_branches=3)
     pipelined.step(StepBatch(["a", "b"], prompts[:2], [RequestParams()] * 2, 4))
     pipelined.speculate()
-    assert len(pipelined.engine.states) > 2
+    assert len(pipelined.drafter.states) > 2
     pipelined.keep_only({"b"})
     assert set(pipelined.branches) == {"b"}
-    assert {k.split("\x00")[0] for k in pipelined.engine.states} == {"b"}
+    assert {k.split("\x00")[0] for k in pipelined.drafter.states} == {"b"}

@@ -17,18 +17,18 @@ from vllm import SamplingParams
 from vllm.config import CompilationConfig
 
 from vllm_hetero_spec.vllm_integration import proposer as proposer_module
-from vllm_hetero_spec.drafter import engine as engine_module
+from vllm_hetero_spec.drafter import batch_drafter as engine_module
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.messages import RequestParams
 from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool, PagedCache
-from vllm_hetero_spec.drafter.strategies.mapped_sampling import ABSENT_PLACEHOLDER
+from vllm_hetero_spec.drafter.rules.mapped_sampling import ABSENT_PLACEHOLDER
 from vllm_hetero_spec.vocab.bridge import VocabBridge, load_tokenizer
 
 K = 4
 
 
 class ScriptedRuntime:
-    """Stands in for ``DraftModelRuntime``: draft step i always samples ``script[i]``,
+    """Stands in for ``DraftModel``: draft step i always samples ``script[i]``,
     with probability ``confidence.get(i)`` when given (else all but 1); the rest of the
     mass is spread evenly."""
 
@@ -94,7 +94,7 @@ def _proposer(
     monkeypatch, bridge: VocabBridge, smollm2: str, qwen05: str, algorithm: str, script: list[int],
     confidence: dict[int, float] | None = None, defer: bool = False, **extra
 ):
-    monkeypatch.setattr(engine_module, "DraftModelRuntime", ScriptedRuntime)
+    monkeypatch.setattr(engine_module, "DraftModel", ScriptedRuntime)
     monkeypatch.setattr(engine_module.VocabBridge, "build", lambda *a: bridge)
     ScriptedRuntime.script = script
     ScriptedRuntime.confidence = confidence or {}
@@ -105,7 +105,7 @@ def _proposer(
     proposer.load_model(None)
     # How an accelerator runs the loop (read back once per step, stop rules applied
     # afterwards) rather than the CPU's read per position: the drafts must not differ.
-    proposer.executor.engine.defer_reads = defer
+    proposer.host.drafter.defer_reads = defer
     return proposer
 
 
@@ -182,7 +182,7 @@ def test_reading_once_drafts_what_reading_each_position_drafts(monkeypatch, brid
         prop = _proposer(monkeypatch, bridge, smollm2, qwen05, algorithm, script, defer=defer)
         _attach(prop, {"r0": SamplingParams(temperature=0.0)}, ["r0"])
         outs[defer] = _propose(prop, qwen05, 1)
-        engine = prop.executor.engine
+        engine = prop.host.drafter
         state = engine.states["r0"]
         assert state.cache.length <= len(state.draft)
         fed = engine.runtime.fed  # the samples fed back; reading once, also past a stop
@@ -222,7 +222,7 @@ def test_a_seeded_request_draws_for_its_own_length(monkeypatch, bridge, smollm2,
         # Nearly uniform drafts: which tokens come out depends on the stream's state.
         prop = _proposer(monkeypatch, bridge, smollm2, qwen05, algorithm, [a] * 64, {i: 0.01 for i in range(64)},
                          defer=defer)
-        engine = prop.executor.engine
+        engine = prop.host.drafter
         params = [RequestParams(temperature=1.0, seed=5 if r == "s" else None) for r in rows]
         engine.step(StepBatch(rows, [np.array(prompt)] * len(rows), params, max(caps), caps))
         grown = [np.array(prompt + [prompt[-1]])] * len(rows)
@@ -352,7 +352,7 @@ def test_rebuilt_requests_draw_fresh_randomness(monkeypatch, bridge, smollm2, qw
     engine's stream (drawn in one launch), seeded from the engine's seed alone, so every
     TP rank starts it alike."""
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [1])
-    engine = prop.executor.engine
+    engine = prop.host.drafter
     seeded = RequestParams(1.0, 0, 1.0, seed=5)
     assert engine._stream_seed(seeded, 10) != engine._stream_seed(seeded, 11)  # rebuilt later: new draws
     assert engine._stream_seed(seeded, 10) != engine._stream_seed(RequestParams(1.0, 0, 1.0, seed=6), 10)
@@ -393,7 +393,7 @@ def test_slrs_first_token_is_drawn_from_the_q_it_hands_over(monkeypatch, bridge,
     spread = {shared[700]: 2.0, shared[900]: 1.4, shared[1100]: 1.0, _with_extensions(bridge): 1.7}
     monkeypatch.setattr(SpreadRuntime, "weights", spread)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "slrs", [0], slrs_max_nodes=8)
-    monkeypatch.setattr(prop.executor.engine, "runtime", SpreadRuntime(None))
+    monkeypatch.setattr(prop.host.drafter, "runtime", SpreadRuntime(None))
     n = 800
     requests = {f"r{i}": SamplingParams(temperature=1.0, seed=i) for i in range(n)}
     _attach(prop, requests, list(requests))
@@ -415,7 +415,7 @@ def test_budget_lengths_reach_the_drafts_and_the_plan(monkeypatch, bridge, smoll
     a, b, absent = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "union", [a, b, b, absent])
     seen: list[list[int]] = []
-    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(lengths) or [0, 2, K])
+    monkeypatch.setattr(prop.policy.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(lengths) or [0, 2, K])
     params = SamplingParams(temperature=1.0, seed=3)
     _attach(prop, {r: params for r in ("r0", "r1", "r2")}, ["r0", "r1", "r2"])
     out = _propose(prop, qwen05, 3)
@@ -434,12 +434,12 @@ def test_budget_lengths_reach_the_drafts_and_the_plan(monkeypatch, bridge, smoll
 def test_a_step_at_zero_skips_the_drafter(monkeypatch, bridge, smollm2, qwen05) -> None:
     a, b, _ = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [a, b])
-    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths, rules: [0] * len(req_ids))
+    monkeypatch.setattr(prop.policy.budget, "plan", lambda req_ids, drafting, lengths, rules: [0] * len(req_ids))
     _attach(prop, {"r0": SamplingParams(temperature=0.0)}, ["r0"])
-    calls = prop.executor.engine.runtime.calls
+    calls = prop.host.drafter.runtime.calls
     assert _propose(prop, qwen05, 1) == [[]]
-    assert prop.executor.engine.runtime.calls == calls and prop.take_verify_plan() is None
-    assert prop.budget.chosen[0] == 1
+    assert prop.host.drafter.runtime.calls == calls and prop.take_verify_plan() is None
+    assert prop.policy.budget.chosen[0] == 1
 
 
 def test_auto_gives_each_kind_of_request_its_rule(monkeypatch, bridge, smollm2, qwen05) -> None:
@@ -449,15 +449,15 @@ def test_auto_gives_each_kind_of_request_its_rule(monkeypatch, bridge, smollm2, 
     a, b, _ = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "auto", [a, b, a, b])
     seen: list[list[str]] = []
-    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(rules) or [K] * 2)
+    monkeypatch.setattr(prop.policy.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(rules) or [K] * 2)
     _attach(prop, {"g": SamplingParams(temperature=0.0), "s": SamplingParams(temperature=1.0, seed=3)}, ["g", "s"])
     out = _propose(prop, qwen05, 2)
     assert seen == [["slem", "tli"]] and all(out)
     plan = prop.take_verify_plan()
     assert plan.q_index["s"] and all(j >= 0 for j in plan.q_index["s"])
     assert all(j < 0 for j in plan.q_index.get("g", []))
-    assert prop.rules.chosen == {"slem": 1, "tli": 1}
-    assert prop.rules._last.kinds == ["greedy", "sampled"]
+    assert prop.policy.rules.chosen == {"slem": 1, "tli": 1}
+    assert prop.policy.rules._last.kinds == ["greedy", "sampled"]
 
 
 def test_a_request_that_names_its_rule_drafts_with_it(monkeypatch, bridge, smollm2, qwen05) -> None:
@@ -468,13 +468,13 @@ def test_a_request_that_names_its_rule_drafts_with_it(monkeypatch, bridge, smoll
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "auto", [a, b, a, b], auto_greedy=("slem", "tli"),
                      auto_sampled=("tli",))
     seen: list[list[str]] = []
-    monkeypatch.setattr(prop.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(rules) or [K] * 2)
+    monkeypatch.setattr(prop.policy.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(rules) or [K] * 2)
     _attach(prop, {"g": SamplingParams(temperature=0.0),
                    "named": SamplingParams(temperature=0.0, extra_args={"algorithm": "tli"})}, ["g", "named"])
     out = _propose(prop, qwen05, 2)
     assert seen == [["slem", "tli"]] and all(out)
-    assert prop.rules.chosen == {"slem": 1, "tli": 1}
-    assert prop.rules._last.kinds == ["greedy", "pinned"]
+    assert prop.policy.rules.chosen == {"slem": 1, "tli": 1}
+    assert prop.policy.rules._last.kinds == ["greedy", "pinned"]
 
 
 def test_a_request_naming_a_rule_the_engine_lacks_keeps_the_engine_alive(monkeypatch, bridge, smollm2, qwen05) -> None:
@@ -484,4 +484,4 @@ def test_a_request_naming_a_rule_the_engine_lacks_keeps_the_engine_alive(monkeyp
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "auto", [a, b, a, b])
     _attach(prop, {"r": SamplingParams(temperature=0.0, extra_args={"algorithm": "union"})}, ["r"])
     assert all(_propose(prop, qwen05, 1))
-    assert prop.rules.chosen == {"slem": 1}
+    assert prop.policy.rules.chosen == {"slem": 1}

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
-from vllm_hetero_spec.drafter.strategies.slrs.psi import PsiPlanner, TreeBuilder
+from vllm_hetero_spec.drafter.rules.slrs.psi import PsiPlanner, TreeBuilder
 from vllm_hetero_spec.verify.rules import verify_block
 from vllm_hetero_spec.vocab.sorted_strings import SortedStrings
 
@@ -202,9 +202,9 @@ class _TreeDrafter:
 def _propose(max_rows: int) -> tuple[list, list[int]]:
     from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool, PagedCache
     from vllm_hetero_spec.drafter.sampling import SamplingRows
-    from vllm_hetero_spec.drafter.strategies.slrs.proposer import StringLevelProposer
+    from vllm_hetero_spec.drafter.rules.slrs.first_token import FirstTokenSampler
 
-    proposer = StringLevelProposer(DRAFT, TARGET, None, None, len(TARGET), max_nodes=6, num_candidates=4)
+    proposer = FirstTokenSampler(DRAFT, TARGET, None, None, len(TARGET), max_nodes=6, num_candidates=4)
     caches = [PagedCache(BlockPool(64, 16, 0)) for _ in range(5)]
     for tag, cache in enumerate(caches):
         cache.tag = tag
@@ -220,7 +220,7 @@ def test_tree_levels_wider_than_max_rows_run_in_slices() -> None:
     """A level wider than ``max_rows`` is evaluated in slices, each request's nodes
     whole in one slice (one wider than the cap alone), with the same psi and the same
     draws as in one forward."""
-    from vllm_hetero_spec.drafter.strategies.slrs.proposer import _slices
+    from vllm_hetero_spec.drafter.rules.slrs.first_token import _slices
 
     whole, whole_widths = _propose(10_000)
     sliced, sliced_widths = _propose(6)

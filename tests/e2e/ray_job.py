@@ -45,7 +45,7 @@ def _batch(llm: LLM, ids: list[list[int]], tag: str, fault: int | None = None, p
         steps += 1
         time.sleep(pace_s)
         if fault is not None and steps == 3:
-            victim = drafter.executor.actor_pid
+            victim = drafter.host.actor_pid
             os.kill(victim, fault)
             proposed_at_fault = drafter.stats.proposed
     stats = drafter.stats
@@ -55,17 +55,17 @@ def _batch(llm: LLM, ids: list[list[int]], tag: str, fault: int | None = None, p
         "proposed": stats.proposed,
         "proposed_at_fault": proposed_at_fault,
         "victim": victim,
-        "actor_pid": drafter.executor.actor_pid,
+        "actor_pid": drafter.host.actor_pid,
     }
     if fault is not None:
         # The replacement may still be loading when the batch ends; wait for it.
         deadline = time.monotonic() + 180
-        while not drafter.executor.poll() and time.monotonic() < deadline:
+        while not drafter.host.poll() and time.monotonic() < deadline:
             time.sleep(0.5)
         result["recovered"] = {
             "restarts": drafter.stats.ray_restarts,
             "victim_alive": _alive_pid(victim),
-            "actor_pid": drafter.executor.actor_pid,
+            "actor_pid": drafter.host.actor_pid,
         }
     return result
 
@@ -76,7 +76,7 @@ def _sampled(llm: LLM, ids: dict[str, list]) -> dict:
     step of this batch (a hundred rows' catch-up) outlasted the faults' 3 s, and steps
     that time out run undrafted, leaving nothing to compare (CI, stop 29)."""
     drafter = _find_drafter(llm)
-    drafter.executor.settings = dataclasses.replace(drafter.executor.settings, ray_timeout_s=300.0)
+    drafter.host.settings = dataclasses.replace(drafter.host.settings, ray_timeout_s=300.0)
     proposed = drafter.stats.proposed
     sampled = SamplingParams(max_tokens=SAMPLED.max_tokens, temperature=1.0, ignore_eos=True, **FILTERS)
     seeded_ids = group_prompts(SEEDED, ids)

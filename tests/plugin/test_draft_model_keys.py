@@ -111,11 +111,11 @@ def test_a_quantized_drafter_loads_or_its_error_names_the_method(smollm2: str) -
     """Online fp8 quantization of a 16-bit checkpoint: where vLLM's build has the kernels
     the drafter loads quantized; where it has not (vLLM 0.32.0's CPU build), the error
     names the method, not a kernel's signature alone."""
-    from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime
+    from vllm_hetero_spec.drafter.runtime.model import DraftModel
 
     cfg, _ = resolve_runtime_config(_settings(smollm2, quantization="fp8", draft_dtype="bfloat16"))
     try:
-        runtime = DraftModelRuntime(cfg)
+        runtime = DraftModel(cfg)
     except RuntimeError as err:
         assert "'quantization' = 'fp8' did not load on cpu" in str(err)
     else:

@@ -72,21 +72,21 @@ def test_the_cycle_finder_finds_a_circle() -> None:
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
-def test_strategies_and_the_draft_loop_do_not_reach_for_the_engine() -> None:
-    """They see the engine through ``DraftContext`` only."""
+def test_draft_rules_and_the_draft_loop_do_not_reach_for_the_batch_drafter() -> None:
+    """They see the batch drafter through ``DraftContext`` only."""
     graph = import_graph()
-    narrow = [m for m in graph if m.startswith(f"{PACKAGE}.drafter.strategies") or m.endswith(".draft_loop")]
-    assert narrow and all(f"{PACKAGE}.drafter.engine" not in graph[m] for m in narrow)
+    narrow = [m for m in graph if m.startswith(f"{PACKAGE}.drafter.rules") or m.endswith(".draft_loop")]
+    assert narrow and all(f"{PACKAGE}.drafter.batch_drafter" not in graph[m] for m in narrow)
 
 
 def test_policy_and_runtime_do_not_depend_on_their_users() -> None:
-    """The budget and rule choice are pure policy; the runtime knows no strategy or placement."""
+    """The budget and rule choice are pure policy; the runtime knows no draft rule or placement."""
     graph = import_graph()
     for module, edges in graph.items():
         if module.startswith(f"{PACKAGE}.policy"):
             assert not {e for e in edges if e.startswith(f"{PACKAGE}.drafter") and not e.endswith(".sampling")}, module
         if module.startswith(f"{PACKAGE}.drafter.runtime"):
-            assert not {e for e in edges if ".strategies" in e or ".placement" in e or e.endswith(".engine")}, module
+            assert not {e for e in edges if ".rules" in e or ".placement" in e or e.endswith(".batch_drafter")}, module
 
 
 def test_vllm_integration_is_entered_through_register_only() -> None:
@@ -103,14 +103,25 @@ def test_vllm_integration_is_entered_through_register_only() -> None:
     assert {m: e for m, e in entering.items() if e} == {}
 
 
-def test_rule_names_become_behaviour_in_the_strategies_only() -> None:
-    """Outside ``drafter/strategies`` (and the config schema, which names the rules'
+def test_the_wing_sees_the_drafter_through_its_interface_only() -> None:
+    """``vllm_integration/`` imports ``drafter``'s ``__init__`` (its exported names), never
+    a module inside it: the drafter can be rearranged without touching the door to vLLM."""
+    graph = import_graph()
+    wing = f"{PACKAGE}.vllm_integration"
+    reaching = {m: sorted(e for e in edges if e.startswith(f"{PACKAGE}.drafter."))
+                for m, edges in graph.items() if m == wing or m.startswith(f"{wing}.")}
+    assert f"{PACKAGE}.drafter" in graph[f"{wing}.proposer"]
+    assert {m: e for m, e in reaching.items() if e} == {}
+
+
+def test_rule_names_become_behaviour_in_the_draft_rules_only() -> None:
+    """Outside ``drafter/rules`` (and the config schema, which names the rules'
     keys), no module compares anything with a rule's name."""
     rules = {"slem", "tli", "dtw", "union", "fsd", "slrs"}
     offenders = []
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("drafter/strategies/") or rel in {"config.py", "metrics.py"}:
+        if rel.startswith("drafter/rules/") or rel in {"config.py", "metrics.py"}:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare):

@@ -11,7 +11,7 @@ import logging
 import pytest
 
 MODULES = ("vllm_hetero_spec.vllm_integration", "vllm_hetero_spec.vllm_integration.proposer",
-           "vllm_hetero_spec.vllm_integration.startup_checks", "vllm_hetero_spec.drafter.placement.ray_executor")
+           "vllm_hetero_spec.vllm_integration.startup_checks", "vllm_hetero_spec.drafter.placement.ray_host")
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -25,7 +25,7 @@ def test_loading_the_whole_plugin_loads_no_harness_module() -> None:
     code = (
         "import sys, vllm_hetero_spec, vllm_hetero_spec.vllm_integration, "
         "vllm_hetero_spec.vllm_integration.startup_checks, vllm_hetero_spec.vllm_integration.proposer, "
-        "vllm_hetero_spec.verify.sampler, vllm_hetero_spec.drafter.engine; "
+        "vllm_hetero_spec.verify.sampler, vllm_hetero_spec.drafter.batch_drafter; "
         "vllm_hetero_spec.vllm_integration.apply(); import hetero_harness; "
         "print(sorted(m for m in sys.modules if m.startswith('hetero_harness.')))"
     )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from vllm_hetero_spec.drafter.strategies.registry import forward_only_rules
+from vllm_hetero_spec.drafter.rules.registry import forward_only_rules
 from vllm_hetero_spec.policy.budget import AdaptiveBudget, FixedBudget, LinearFit, TargetCost, make_budget
 
 

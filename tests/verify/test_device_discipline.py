@@ -18,7 +18,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
-from vllm_hetero_spec.drafter.strategies.mapped_sampling import TOKEN_LEVEL, draft_step
+from vllm_hetero_spec.drafter.rules.mapped_sampling import TOKEN_LEVEL, draft_step
 from vllm_hetero_spec.vocab.intersection import VocabIntersection
 
 CUDA = torch.device("cuda")

@@ -28,7 +28,7 @@ from _stats import conditional_pvalue
 from vllm.v1.sample.sampler import Sampler
 
 import vllm_hetero_spec
-from vllm_hetero_spec.drafter.strategies.mapped_sampling import ABSENT_PLACEHOLDER
+from vllm_hetero_spec.drafter.rules.mapped_sampling import ABSENT_PLACEHOLDER
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.verify.plan import VerifyPlan
 from vllm_hetero_spec.verify.sampler import HeteroRejectionSampler

@@ -4,13 +4,13 @@ The draft and target vocabularies are different sets of strings over the alphabe
 ``abcde``: shared strings, draft-only strings (union must reject them), target-only
 strings, and a draft special token with no text. Both models are first-order Markov
 chains over their own tokens (the target conditioned on the previous *target* token).
-Drafting runs through the engine's own code -- ``drafter.strategies.mapped_sampling.draft_step`` for
+Drafting runs through the engine's own code -- ``drafter.rules.mapped_sampling.draft_step`` for
 ``tli``, ``fsd`` and ``union`` (with the proposer's rule that union stops after an absent
 token), and for ``slem`` / ``dtw`` (lossless) the draft text re-tokenized into target
 tokens and verified one-hot (both verify exactly that way; dtw only aligns differently).
 
 ``slrs`` proposes its first target token from psi on C, computed by the engine's own
-``StringLevelProposer`` (with a work cap and pruning small enough to bite) over the
+``FirstTokenSampler`` (with a work cap and pruning small enough to bite) over the
 drafter's tree of segmentations, then the re-tokenized text the drafter writes after it,
 verified one-hot.
 
@@ -31,8 +31,8 @@ import torch
 from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool, PagedCache
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
-from vllm_hetero_spec.drafter.strategies.slrs.proposer import StringLevelProposer
-from vllm_hetero_spec.drafter.strategies.mapped_sampling import draft_step
+from vllm_hetero_spec.drafter.rules.slrs.first_token import FirstTokenSampler
+from vllm_hetero_spec.drafter.rules.mapped_sampling import draft_step
 from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES, divergence
 from vllm_hetero_spec.verify.rules import PLACEHOLDER, FuzzyAcceptance, verify_block
 from vllm_hetero_spec.vocab.intersection import VocabIntersection
@@ -218,7 +218,7 @@ class MarkovDrafter:
 def draft_slrs(pair: Pair, sampling: Sampling) -> Block:
     """slrs: the first target token drawn from the psi table the engine computes (one
     context, so one table for all N rows), then the drafter's re-tokenized text after it."""
-    proposer = StringLevelProposer(
+    proposer = FirstTokenSampler(
         _encode(pair.draft), _encode(pair.target), None, None, len(pair.target), max_nodes=6, num_candidates=4,
         min_prob=0.01,
     )

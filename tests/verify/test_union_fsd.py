@@ -13,7 +13,7 @@ from _sampler_inputs import batch_rows, sampling_metadata, spec_metadata
 import vllm_hetero_spec
 from vllm_hetero_spec.config import HeteroConfigError, parse_settings, request_fsd_threshold
 from vllm_hetero_spec.drafter.sampling import SamplingRows
-from vllm_hetero_spec.drafter.strategies.mapped_sampling import ABSENT_PLACEHOLDER, draft_step
+from vllm_hetero_spec.drafter.rules.mapped_sampling import ABSENT_PLACEHOLDER, draft_step
 from vllm_hetero_spec.verify.divergence import DIVERGENCE_NAMES, divergence
 from vllm_hetero_spec.verify.plan import VerifyPlan
 from vllm_hetero_spec.verify.rules import PLACEHOLDER, FuzzyAcceptance, verify_block

@@ -1,8 +1,8 @@
-"""What a rule's strategy and the draft loop may read of the engine that drafts.
+"""What a rule's draft rule and the draft loop may read of the engine that drafts.
 
 A narrow view instead of the engine itself: fixed for the engine's lifetime, so a
-strategy cannot reach into other requests' state or the engine's bookkeeping, and the
-draft loop and strategies need not import the engine (which imports them).
+draft rule cannot reach into other requests' state or the engine's bookkeeping, and the
+draft loop and draft rules need not import the engine (which imports them).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.messages import DrafterStats
 from vllm_hetero_spec.drafter.request_state import RequestState
-from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime
+from vllm_hetero_spec.drafter.runtime.model import DraftModel
 from vllm_hetero_spec.drafter.sampling import SamplingRows
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.intersection import VocabIntersection
@@ -25,7 +25,7 @@ class DraftContext:
     """The engine's fixed parts.
 
     Attributes:
-        settings: the plugin's settings (the rule-specific keys a strategy reads).
+        settings: the plugin's settings (the rule-specific keys a draft rule reads).
         runtime: the draft model.
         bridge: the two tokenizers' byte-level views.
         intersection: the shared-token map, on the drafter's device.
@@ -33,11 +33,11 @@ class DraftContext:
         target_eos: the target's EOS id, proposed after a draft that ended.
         target_vocab: the target's vocabulary size.
         generator: the unseeded rows' draft stream, shared by all of them.
-        stats: the engine's counters, which strategies add to.
+        stats: the engine's counters, which draft rules add to.
     """
 
     settings: HeteroSettings
-    runtime: DraftModelRuntime
+    runtime: DraftModel
     bridge: VocabBridge
     intersection: VocabIntersection
     draft_specials: frozenset[int]

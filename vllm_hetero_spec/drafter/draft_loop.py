@@ -1,7 +1,7 @@
 """One step's packed draft loop, shared by every rule: :func:`run_draft_loop`.
 
 :class:`DraftLoop` keeps the rows in the order the loop runs them (longest step count first), samples
-each position through the algorithm's strategy, and turns what comes back to the host
+each position through the algorithm's draft rule, and turns what comes back to the host
 (the sampled ids, their probabilities, the token-level mapping, the stop rule's
 confidence) into per-request drafts. The same stop rules apply whether the host reads
 each position as it is drafted (CPU) or all positions once at the end (accelerators):
@@ -19,7 +19,7 @@ from vllm_hetero_spec.drafter.context import DraftContext
 from vllm_hetero_spec.drafter.messages import DraftOutput
 from vllm_hetero_spec.drafter.request_state import RequestState
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
-from vllm_hetero_spec.drafter.strategies.base import Strategy
+from vllm_hetero_spec.drafter.rules.base import DraftRule
 from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 
@@ -32,19 +32,19 @@ def _is_prefix(live: list[int]) -> bool:
 
 
 class DraftLoop:
-    """One step's draft loop state for ``states``, drafted with ``strategy`` (request
+    """One step's draft loop state for ``states``, drafted with ``draft rule`` (request
     i drafts at most ``caps[i]`` target tokens of ``budget``). Loop positions ``j`` index the rows in
     loop order; results are kept by request index ``i``."""
 
-    def __init__(self, ctx: DraftContext, strategy: Strategy, states: list[RequestState], caps: list[int],
+    def __init__(self, ctx: DraftContext, draft_rule: DraftRule, states: list[RequestState], caps: list[int],
                  budget: int):
-        self.strategy = strategy
-        self.token_level = strategy.token_level
+        self.draft_rule = draft_rule
+        self.token_level = draft_rule.token_level
         self.specials = ctx.draft_specials
         self.stop_prob = ctx.settings.draft_stop_prob
         self.n_draft = ctx.intersection.draft_to_target.numel()
         self.support = ctx.intersection.support
-        steps = [strategy.draft_steps(c) for c in caps]
+        steps = [draft_rule.draft_steps(c) for c in caps]
         self.order = sorted(range(len(states)), key=lambda i: -steps[i])
         self.steps = [steps[i] for i in self.order]
         self.states = [states[i] for i in self.order]
@@ -64,7 +64,7 @@ class DraftLoop:
         self.rows = ctx.sampling_rows(self.states)
         # Greedy rows verify by argmax, so their q is never read (fsd's divergence
         # excepted): decided from the host-side settings, no sync.
-        self.keeps_q = [t >= GREEDY_EPS or strategy.greedy_reads_q for t in self.rows.host[0]]
+        self.keeps_q = [t >= GREEDY_EPS or draft_rule.greedy_reads_q for t in self.rows.host[0]]
         keepers = [j for j, keep in enumerate(self.keeps_q) if keep]
         # The q-keeping rows among a prefix of the loop's rows are a prefix of these.
         self._keepers = None
@@ -87,7 +87,7 @@ class DraftLoop:
         self._prev_live = live
         prefix = _is_prefix(live)
         logits = logits.narrow(1, 0, self.n_draft)
-        mapped = self.strategy.sample(logits, self.rows.head(len(live)) if prefix else self.rows.select(live))
+        mapped = self.draft_rule.sample(logits, self.rows.head(len(live)) if prefix else self.rows.select(live))
         pick = mapped.ids.unsqueeze(1)
         cols = [mapped.ids, mapped.q.gather(1, pick).squeeze(1)]
         q_rows = [-1] * len(live)
@@ -107,7 +107,7 @@ class DraftLoop:
                     q_rows[pos] = self._n_q + rank
                 self._n_q += len(with_q)
         if self.stop_prob > 0:
-            confidence = self.strategy.confidence_logits(logits).softmax(dim=-1)
+            confidence = self.draft_rule.confidence_logits(logits).softmax(dim=-1)
             cols.append(confidence.gather(1, pick).squeeze(1))
         return mapped.ids, torch.stack([c.double() for c in cols], dim=1), q_rows
 
@@ -161,7 +161,7 @@ class DraftLoop:
 
 
 def run_draft_loop(
-    ctx: DraftContext, strategy: Strategy, states: list[RequestState], budget: int, caps: list[int], defer: bool,
+    ctx: DraftContext, draft_rule: DraftRule, states: list[RequestState], budget: int, caps: list[int], defer: bool,
     stop: Callable[[], bool] | None = None,
 ) -> DraftOutput:
     """Run the packed draft loop: per request the proposals (draft ids for slem and
@@ -180,10 +180,10 @@ def run_draft_loop(
     the drafts afterwards. On the CPU a read costs nothing, so it happens every
     position and a row that stops leaves the batch at once. ``stop`` ends the loop
     early (shorter drafts are still valid drafts)."""
-    loop = DraftLoop(ctx, strategy, states, caps, budget)
+    loop = DraftLoop(ctx, draft_rule, states, caps, budget)
     if not states:
         return loop.output()
-    n_steps = strategy.draft_steps(budget)
+    n_steps = draft_rule.draft_steps(budget)
     live = list(range(len(states)))
     sampled: torch.Tensor | None = None
     for step in range(n_steps):

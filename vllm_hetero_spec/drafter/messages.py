@@ -158,7 +158,7 @@ class DrafterStats:
 
     The ``ray_*``, ``pipeline_*`` and ``budget_*`` counters stay zero in process; with
     the Ray executor the drafting counters come from the actor and the rest are kept
-    by the client (``drafter/placement/ray_executor.py``)."""
+    by the client (``drafter/placement/ray_host.py``)."""
 
     steps: int = 0
     bridge_s: float = 0.0

@@ -15,7 +15,7 @@ from vllm_hetero_spec.vocab.retokenize import AlignedTokens
 @dataclass
 class RequestState:
     """One request's draft side: its committed text, the last committed target tokens
-    (re-encoded with draft text by the string-level strategies), its draft-side
+    (re-encoded with draft text by the string-level draft rules), its draft-side
     tokenization (the target's ids mapped, for a pair that agrees id for id), its KV
     cache, and its own random stream when it is seeded."""
 

@@ -69,6 +69,24 @@ class VerifyPlan:
     divergence: str = "js"
     topk: int = 10
 
+    @classmethod
+    def for_drafts(cls, req_ids: Sequence[str], q: DraftProbs | None, q_index: Sequence[list[int]],
+                   force_reject: dict[int, list[bool]], fsd_threshold: Sequence[float] | None,
+                   one_hot: set[str], divergence: str = "js", topk: int = 10) -> VerifyPlan:
+        """The plan of one step's drafts, given per drafted row: ``req_ids`` [rows] whose
+        drafts they are, ``q_index`` [rows][proposals] (used only when ``q`` is set),
+        ``force_reject`` {row: [proposals]} and ``fsd_threshold`` [rows] (``fsd``, else
+        ``None``); ``one_hot``: the requests whose drafts vLLM cuts by their grammar."""
+        plan = cls(q, {}, set(one_hot), {}, None if fsd_threshold is None else {}, divergence, topk)
+        for i, req_id in enumerate(req_ids):
+            if q is not None:
+                plan.q_index[req_id] = q_index[i]
+            if i in force_reject:
+                plan.force_reject[req_id] = force_reject[i]
+            if fsd_threshold is not None:
+                plan.fsd_threshold[req_id] = fsd_threshold[i]
+        return plan
+
     def layout(self, req_ids: Sequence[str], num_draft: Sequence[int], k: int, device: torch.device) -> BlockPlan:
         """The plan for the rows ``req_ids`` (``num_draft`` proposals each, at most
         ``k``), its tensors on ``device``, built from host lists (no sync).

@@ -1,13 +1,19 @@
 """The vLLM-facing proposer: turns the runner's batch into a draft request and back.
 
 vLLM calls :meth:`HeteroProposer.propose` after each verification step with the rows of
-its persistent batch. We read what the drafter needs from the runner (committed tokens,
-sampling settings), hand it to the configured executor -- the drafting engine in this
-process, or a Ray actor on CPU cores (``drafter/placement/executors.py``) -- and lay its answer
-out the way vLLM and our rejection sampler read it: the proposals for vLLM, and one
-:class:`VerifyPlan` per step for the sampler (q in compact form, which requests are
-greedy, ``union``'s forced rejections, ``fsd``'s thresholds), which the runner's propose
-hook hands over (:meth:`HeteroProposer.take_verify_plan`).
+its persistent batch. One step reads in one direction:
+
+1. **batch**: each row's committed tokens and settings, read from the runner
+   (``batch_requests.py``);
+2. **plan**: how many tokens each row drafts and with which rule (``policy/step_policy.py``);
+3. **drafts**: from the configured executor -- the drafting engine in this process, or
+   a Ray actor on CPU cores (``drafter/placement/``) -- shared from TP rank 0 to every
+   rank (``drafts_broadcast.py``);
+4. **verification plan**: :class:`VerifyPlan` (``verify/plan.py``: q in compact form,
+   which requests are verified one-hot, ``union``'s forced rejections, ``fsd``'s
+   thresholds), which the runner's propose hook hands to the sampler
+   (:meth:`HeteroProposer.take_verify_plan`, ``runner_hooks.py``); the proposals go back
+   to vLLM's scheduler.
 
 With a tensor-parallel target, rank 0 drafts (with a whole drafter: a small draft
 model gains nothing from per-layer all-reduces) and broadcasts each step's drafts, their
@@ -22,7 +28,6 @@ asked by rank 0 the same way.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 import time
@@ -30,44 +35,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from vllm.config import VllmConfig
 
-from vllm_hetero_spec.policy.step_log import StepLog
-from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings, request_rule
-from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
-from vllm_hetero_spec.drafter.placement.executors import DraftExecutor, make_executor
-from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runtime_config
-from vllm_hetero_spec.drafter.runtime.tp_group import join_draft_tp_group
-from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
-from vllm_hetero_spec.drafter.strategies.registry import divergence_strategy, forward_only_rules
+from vllm_hetero_spec.config import ADDITIONAL_CONFIG_KEY, HeteroSettings
+from vllm_hetero_spec.drafter import (DrafterHost, DrafterStats, RequestParams, RuntimeConfig, StepBatch,
+                                      StepDrafts, divergence_rule, forward_only_rules, join_draft_tp_group,
+                                      make_host, resolve_runtime_config)
 from vllm_hetero_spec.log import plugin_logger
 from vllm_hetero_spec.metrics import MetricsBoard
 from vllm_hetero_spec.model_names import target_tokenizer_folder
-from vllm_hetero_spec.policy.budget import FixedBudget, make_budget
-from vllm_hetero_spec.policy.rule_choice import RuleChooser
+from vllm_hetero_spec.policy.step_log import StepLog
+from vllm_hetero_spec.policy.step_policy import StepPlan, StepPolicy
 from vllm_hetero_spec.verify.plan import VerifyPlan
-from vllm_hetero_spec.vllm_integration.drafts_broadcast import share_drafts
+from vllm_hetero_spec.vllm_integration.batch_requests import asked_rule, grammar_cut, request_params
+from vllm_hetero_spec.vllm_integration.drafts_broadcast import CHECK_RANKS_ENV, ranks_agree, share_drafts, tp_group
 
 logger = plugin_logger(__name__)
-
-CHECK_RANKS_ENV = "VLLM_HETERO_SPEC_CHECK_RANKS"
-
-
-def _tp_group() -> Any:
-    """vLLM's tensor-parallel group when there is more than one rank, else None."""
-    try:
-        from vllm.distributed import parallel_state
-
-        group = parallel_state.get_tp_group()
-    except (AssertionError, ImportError, AttributeError):
-        return None
-    return group if group.world_size > 1 else None
-
-
-def _own(asked: list[str | None], chosen: list[str]) -> list[str]:
-    """Each row's rule: the one its request names, else the one ``auto`` chose."""
-    return [a or c for a, c in zip(asked, chosen)]
 
 
 class HeteroProposer:
@@ -77,55 +60,35 @@ class HeteroProposer:
         raw = (vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
         if raw is None:
             raise RuntimeError("HeteroProposer needs method='hetero' in speculative_config")
-        self.settings = HeteroSettings.from_dict(raw)
-        self.k = self.settings.num_speculative_tokens
+        self.settings = s = HeteroSettings.from_dict(raw)
+        self.k = s.num_speculative_tokens
         self.target_vocab = vllm_config.model_config.get_vocab_size()
-        self._tp = _tp_group()
+        self._tp = tp_group()
         self._vllm_config = vllm_config
         # Under TP only rank 0 plans and drafts; every rank verifies what it broadcasts.
-        self._broadcast = self._tp is not None
         self._lead = self._tp is None or self._tp.rank_in_group == 0
         self._check_ranks = self._tp is not None and os.environ.get(CHECK_RANKS_ENV) == "1"
-        self.executor: DraftExecutor | None = None
+        self.host: DrafterHost | None = None
         self.runtime_config: RuntimeConfig | None = None  # resolved when the drafter loads
         self.graphs_captured = 0  # draft CUDA graphs, once the capture phase ran
         self.graph_bytes = 0  # their memory as measured for vLLM's profile
         # fsd's divergence test, when a rule of this engine verifies with one: its
-        # strategy also reads each request's threshold.
-        self._divergence_rule = divergence_strategy(self.settings)
-        self.divergence = None if self._divergence_rule is None else self._divergence_rule.divergence(self.settings)
-        # How many tokens each request drafts this step (0 included): chosen where the
-        # drafts are made (rank 0 under TP).
-        self.budget = make_budget(self.settings.draft_budget, self.k, self.settings.min_speculative_tokens,
-                                  forward_only_rules())
-        # The most tokens a request may draft this step: vLLM's batch-size schedule
-        # (``num_speculative_tokens_per_batch_size``) for the step's batch, set by the
-        # runner before each proposal (see :meth:`cap_step`); k when there is none.
-        self.step_cap = self.k
-        # algorithm: auto -- each request's rule per step, chosen (and shared) like its length.
-        self.rules: RuleChooser | None = None
-        if self.settings.algorithm == "auto":
-            self.rules = RuleChooser(self.settings.auto_greedy, self.settings.auto_sampled)
-        self._rules_offered = self.settings.engine_rules()
+        # draft rule also reads each request's threshold.
+        self._divergence_rule = divergence_rule(s)
+        self.divergence = None if self._divergence_rule is None else self._divergence_rule.divergence(s)
+        # Chosen where the drafts are made (rank 0 under TP).
+        self.policy = StepPolicy(s.num_speculative_tokens, s.draft_budget, s.min_speculative_tokens,
+                                 s.sampled_speculative_tokens,
+                                 (s.auto_greedy, s.auto_sampled) if s.algorithm == "auto" else None,
+                                 forward_only_rules())
+        self._rules_offered = s.engine_rules()
         self._stats = DrafterStats()
-        self.step_log: StepLog | None = None  # advise's timings, when it asks (advise/probe.py)
-        self.board = MetricsBoard(
-            {
-                "algorithm": self.settings.algorithm,
-                "draft": Path(self.settings.draft_model).name,
-                "target": Path(str(vllm_config.model_config.model)).name,
-                "k": str(self.k),
-            }
-        )
+        self.board = MetricsBoard({"algorithm": s.algorithm, "draft": Path(s.draft_model).name,
+                                   "target": Path(str(vllm_config.model_config.model)).name, "k": str(self.k)})
         self.runner: Any = None
         self._plan: VerifyPlan | None = None
-        logger.info(
-            "hetero spec: algorithm=%s k=%d draft=%s executor=%s",
-            self._algorithm_text(),
-            self.k,
-            self.settings.draft_model,
-            self.settings.executor,
-        )
+        logger.info("hetero spec: algorithm=%s k=%d draft=%s executor=%s", self._algorithm_text(), self.k,
+                    s.draft_model, s.executor)
 
     def _algorithm_text(self) -> str:
         """The algorithm as logs show it (``auto`` with its candidates)."""
@@ -136,15 +99,12 @@ class HeteroProposer:
 
     @property
     def stats(self) -> DrafterStats:
-        """Counters so far (the executor's, plus the steps that failed here)."""
-        own = self._stats
-        own.budget_sum = sum(k * n for k, n in self.budget.chosen.items())
-        own.budget_steps = sum(self.budget.chosen.values())
-        own.undrafted_steps = self.budget.chosen[0]
-        if self.executor is None:
+        """Counters so far (the executor's, plus the steps that failed here and the budget's)."""
+        own = dataclasses.replace(self._stats, **self.policy.counters())
+        if self.host is None:
             return own
         return dataclasses.replace(
-            self.executor.stats(), fallbacks=own.fallbacks, rank_checks=own.rank_checks,
+            self.host.stats(), fallbacks=own.fallbacks, rank_checks=own.rank_checks,
             rank_mismatches=own.rank_mismatches, budget_sum=own.budget_sum, budget_steps=own.budget_steps,
             undrafted_steps=own.undrafted_steps,
         )
@@ -152,8 +112,13 @@ class HeteroProposer:
     @property
     def states(self) -> dict[str, Any]:
         """The in-process drafter's per-request states (empty for other executors)."""
-        engine = getattr(self.executor, "engine", None)
+        engine = getattr(self.host, "drafter", None)
         return engine.states if engine is not None else {}
+
+    @property
+    def step_log(self) -> StepLog | None:
+        """``advise``'s step timings, once it pinned a setting (``advise/probe.py``)."""
+        return self.policy.step_log
 
     # -- vLLM hooks -------------------------------------------------------------------
 
@@ -167,7 +132,7 @@ class HeteroProposer:
         draft's memory is accounted for. Nothing is shared with the target. Under TP only
         rank 0 loads one; the others join the creation of its one-rank process groups,
         which torch.distributed makes collectively (a Ray drafter has its own world)."""
-        if self.executor is not None:
+        if self.host is not None:
             return
         if not self._lead:
             if self.settings.executor == "inprocess":
@@ -178,15 +143,15 @@ class HeteroProposer:
         device_type = "cpu" if self.settings.executor == "ray" else None
         self.runtime_config, why = resolve_runtime_config(self.settings, self._vllm_config, device_type)
         logger.info("hetero spec: drafter runtime: %s", "; ".join(f"{key} {text}" for key, text in why.items()))
-        self.executor = make_executor(self.settings, self.runtime_config, str(target_tokenizer_folder(model_config)),
-                                      self.target_vocab, int(model_config.seed or 0))
+        self.host = make_host(self.settings, self.runtime_config, str(target_tokenizer_folder(model_config)),
+                              self.target_vocab, int(model_config.seed or 0))
 
     def capture_graphs(self) -> int:
         """Capture the drafter's CUDA graphs; vLLM's runner calls this in its own capture
         phase (``runner_hooks.py``). Returns how many were captured."""
-        if self.executor is None:
+        if self.host is None:
             return 0
-        n = self.graphs_captured = self.executor.capture_graphs()
+        n = self.graphs_captured = self.host.capture_graphs()
         if n:
             logger.info("hetero spec: captured %d draft CUDA graphs", n)
         return n
@@ -194,7 +159,7 @@ class HeteroProposer:
     def graph_memory(self) -> int:
         """Bytes the drafter's CUDA graphs will take, added to vLLM's own graph estimate
         (``runner_hooks.py``) so the KV cache is sized with them counted."""
-        n = self.graph_bytes = self.executor.graph_memory() if self.executor is not None else 0
+        n = self.graph_bytes = self.host.graph_memory() if self.host is not None else 0
         if n:
             logger.info("hetero spec: draft CUDA graphs take %.1f MiB", n / (1 << 20))
         return n
@@ -204,58 +169,30 @@ class HeteroProposer:
         so the memory vLLM leaves for the target's KV cache accounts for it. Only on an
         accelerator: on CPU the KV space is given explicitly, and a forward of
         ``max_num_batched_tokens`` would cost seconds of start-up."""
-        if self.executor is not None and self._vllm_config.device_config.device.type != "cpu":
-            self.executor.profile(num_tokens, num_rows)
+        if self.host is not None and self._vllm_config.device_config.device.type != "cpu":
+            self.host.profile(num_tokens, num_rows)
 
     def pin(self, rule: str, k: int) -> None:
-        """Draft every request with ``rule`` (one of ``auto``'s candidates) and exactly
-        ``k`` tokens (0: none) from now on, and log each
-        step's timing. For ``advise``, which measures each rule and draft length on one
-        engine rather than starting one per setting; verification is untouched, so every
-        pinned setting is as lossless as the rule is."""
-        if not 0 <= k <= self.k:
-            raise ValueError(f"k must be in [0, {self.k}] (num_speculative_tokens), got {k}")
-        candidates = set(self.settings.auto_greedy) | set(self.settings.auto_sampled)
-        if self.rules is None:
-            raise ValueError(f"rule {rule!r}: this engine does not choose rules (algorithm "
-                             f"{self.settings.algorithm!r}); pinning needs algorithm auto")
-        if rule not in candidates:
-            raise ValueError(f"rule {rule!r} is not among this engine's auto candidates {sorted(candidates)}")
-        self.rules = RuleChooser((rule,), (rule,))
-        self.budget = FixedBudget(k)
-        self.step_log = StepLog()
+        """``advise``'s pin: every request drafts with ``rule`` and exactly ``k`` tokens
+        (``StepPolicy.pin``)."""
+        self.policy.pin(rule, k)
 
     def cap_step(self, k: int) -> None:
-        """Draft at most ``k`` tokens a request in the coming proposal: the k vLLM's
-        scheduler chose for this step's batch size from ``num_speculative_tokens_per_batch_size``
-        (``num_speculative_tokens`` without one). A schedule is how a user (or ``advise``)
-        says where drafting never pays: at a batch size capped to 0 the step skips the
-        budget and the rule choice altogether, so it costs no warm-up step, probe or
-        draft state's catch-up, none of which a budget free to choose can avoid; under
-        a cap above 0 the budget still chooses, up to it. The cap overrides
-        ``min_speculative_tokens``."""
-        self.step_cap = max(0, min(int(k), self.k))
-
-    def _row_caps(self, temperatures: list[float]) -> list[int]:
-        """Per row, the most it may draft this step: the batch-size schedule's cap, and
-        for a sampled row also ``sampled_speculative_tokens``. A row capped at 0 is not
-        offered to the budget at all, so it neither drafts nor counts in its warm-up."""
-        limit = self.settings.sampled_speculative_tokens
-        sampled = self.step_cap if limit is None else min(self.step_cap, limit)
-        return [self.step_cap if t < GREEDY_EPS else sampled for t in temperatures]
+        """vLLM's batch-size schedule for the coming step (``StepPolicy.cap_step``)."""
+        self.policy.cap_step(k)
 
     def drop_request(self, req_id: str) -> None:
         """Forget a finished, aborted or preempted request (rebuilt if it resumes)."""
-        self.budget.forget(req_id)
-        if self.executor is not None:
-            self.executor.drop(req_id)
+        self.policy.forget(req_id)
+        if self.host is not None:
+            self.host.drop(req_id)
             # The gauges must follow now: an idle server runs no further step.
-            self._publish_states(self.executor.stats())
+            self._publish_states(self.host.stats())
 
     def shutdown(self) -> None:
         """Release the executor (the Ray actor, and a cluster we started)."""
-        if self.executor is not None:
-            self.executor.close()
+        if self.host is not None:
+            self.host.close()
 
     def take_verify_plan(self) -> VerifyPlan | None:
         """The last proposal step's verification inputs (handed to the sampler once)."""
@@ -276,54 +213,40 @@ class HeteroProposer:
         So a failure is logged and counted, the draft state (possibly inconsistent) is
         dropped and rebuilt from the target's tokens, and this step runs undrafted.
 
-        The budget decides first how many tokens each row drafts (rows still
-        prefilling have sampled nothing yet and draft nothing); rows at 0 are not
-        sent to the drafter at all -- their draft state catches up with the committed
-        tokens the next time they draft, in that step's one forward."""
+        Rows the plan gives 0 tokens (those still prefilling among them) are not sent to
+        the drafter at all: their draft state catches up with the committed tokens the
+        next time they draft, in that step's one forward."""
         start = time.perf_counter()
+        # batch: [rows] of vLLM's persistent batch
         req_ids: list[str] = list(self.runner.input_batch.req_ids)
         sampled = [len(s) for s in sampled_token_ids[: len(req_ids)]]
         row_lengths = [int(n) for n in num_tokens_no_spec[: len(req_ids)]]
-        drafts, rows, lengths, rules, temperatures = None, [], [], None, []
+        drafts, rows, plan, params = None, [], None, []
         if self._lead:  # the other TP ranks take rank 0's drafts below
-            params = [self._params(r) for r in req_ids]
-            temperatures = [p.temperature for p in params]
-            self.budget.observe(start, req_ids, sampled)
-            caps = self._row_caps(temperatures)
-            drafting = [n > 0 and cap > 0 for n, cap in zip(sampled, caps)]
-            if self.rules is not None:
-                self.rules.observe(start, req_ids, sampled)
-                asked = [self._asked_rule(r) for r in req_ids]
-            if not any(caps):
-                lengths = [0] * len(req_ids)
-            else:
-                if self.rules is not None:
-                    rules = self.rules.choose(
-                        temperatures, lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, _own(asked, rs)))
-                    rules = _own(asked, rules)
-                lengths = [min(n, cap) for n, cap in zip(self.budget.plan(req_ids, drafting, row_lengths, rules), caps)]
-            if rules is not None:
-                params = [dataclasses.replace(p, rule=rule) for p, rule in zip(params, rules)]
-            drafts, rows = self._draft(req_ids, params, lengths, token_ids_cpu, num_tokens_no_spec)
-        if self._broadcast:
+            params = [request_params(self.runner, r, self.settings, self._divergence_rule) for r in req_ids]
+            asked = [asked_rule(self.runner, r, self._rules_offered) for r in req_ids] \
+                if self.policy.rules is not None else [None] * len(req_ids)
+            # plan
+            plan = self.policy.plan(start, req_ids, sampled, [p.temperature for p in params], row_lengths, asked)
+            if plan.rules is not None:
+                params = [dataclasses.replace(p, rule=rule) for p, rule in zip(params, plan.rules)]
+            # drafts
+            drafts, rows = self._draft(req_ids, params, plan.lengths, token_ids_cpu, num_tokens_no_spec)
+        if self._tp is not None:
             drafts, rows = share_drafts(self._tp, drafts, rows)
         if self._check_ranks:
-            self._compare_ranks(req_ids, sampled_token_ids, drafts)
-        self._install(req_ids, rows, drafts)
-        out = [[] for _ in req_ids] if drafts is None else self._layout(req_ids, rows, drafts)
-        end = time.perf_counter()
-        if self._lead:
-            proposed = [len(o) for o in out]
-            self.budget.record(req_ids, proposed, end - start, end, row_lengths, rules)
-            if rules is not None:
-                self.rules.record(req_ids, temperatures, rules, proposed, [a is not None for a in asked])
-            if self.step_log is not None:
-                self.step_log.add(start, end, req_ids, sampled, proposed)
-            if logger.isEnabledFor(logging.DEBUG):  # VLLM_LOGGING_LEVEL=DEBUG
-                why, rates, lump = self.budget.last_plan if any(caps) else ("every row capped at k = 0", [], 0)
-                logger.debug("hetero spec step: planned %s, proposed %s, rules %s in %.0f ms (%s; tok/s per k %s; "
-                             "catch-up lump %d)", lengths, proposed, rules, 1e3 * (end - start), why,
-                             [round(r, 2) for r in rates], lump)
+            self._stats.rank_checks += 1
+            self._stats.rank_mismatches += not ranks_agree(self._tp, req_ids, sampled_token_ids, drafts)
+        # verification plan, and the proposals for vLLM's scheduler
+        drafted = [req_ids[r] for r in rows]
+        self._plan = None if drafts is None else VerifyPlan.for_drafts(
+            drafted, drafts.q, drafts.q_index, drafts.force_reject, drafts.fsd_threshold,
+            {r for r in drafted if grammar_cut(self.runner, r)}, self.settings.fsd_divergence, self.settings.fsd_topk)
+        out: list[list[int]] = [[] for _ in req_ids]
+        for row, ids in zip(rows, [] if drafts is None else drafts.ids):
+            out[row] = ids
+        if plan is not None:
+            self._record(plan, req_ids, sampled, params, row_lengths, [len(o) for o in out], start)
         self._publish()
         return out
 
@@ -331,10 +254,10 @@ class HeteroProposer:
         self, req_ids: list[str], params: list[RequestParams], lengths: list[int], token_ids_cpu: np.ndarray,
         num_tokens_no_spec: np.ndarray,
     ) -> tuple[StepDrafts | None, list[int]]:
-        """The executor's drafts for the rows the budget gave a length (and those rows),
+        """The executor's drafts for the rows the plan gave a length (and those rows),
         or ``None`` when nothing drafts or drafting failed (logged, counted, the draft
         state reset)."""
-        if self.executor is None or not any(lengths):
+        if self.host is None or not any(lengths):
             return None, []
         rows = [row for row in range(len(req_ids)) if lengths[row] > 0]
         try:
@@ -345,98 +268,34 @@ class HeteroProposer:
                 max(lengths),
                 [lengths[r] for r in rows],
             )
-            drafts = self.executor.step(batch, set(self.runner.requests))
+            drafts = self.host.step(batch, set(self.runner.requests))
             if drafts is not None:
                 drafts.truncate([lengths[r] for r in rows])
             return drafts, rows
         except Exception:
             logger.exception("hetero spec: drafting failed; this step runs without drafts")
             self._stats.fallbacks += 1
-            self.executor.reset()
+            self.host.reset()
             return None, []
 
-    def _compare_ranks(self, req_ids: list[str], sampled: list[list[int]], drafts: StepDrafts | None) -> None:
-        """A diagnostic (``VLLM_HETERO_SPEC_CHECK_RANKS=1``, one all-gather per step):
-        every TP rank must have sampled the same tokens and drafted the same proposals,
-        or their token histories, and so their KV caches, drift apart."""
-        proposals = None if drafts is None else drafts.ids
-        digest = hashlib.blake2b(repr((req_ids, sampled, proposals)).encode(), digest_size=16).hexdigest()
-        digests: list[str | None] = [None] * self._tp.world_size
-        torch.distributed.all_gather_object(digests, digest, group=self._tp.cpu_group)
-        self._stats.rank_checks += 1
-        self._stats.rank_mismatches += len(set(digests)) > 1
-
-    def _params(self, req_id: str) -> RequestParams:
-        p = self.runner.requests[req_id].sampling_params
-        if p is None:
-            return RequestParams()
-        tau = self.settings.fsd_threshold
-        try:
-            if self._divergence_rule is not None:
-                tau = self._divergence_rule.request_threshold(self.settings, p.extra_args)
-        except ValueError as err:
-            # The front end rejects bad values (request_validation.py); a request that
-            # bypassed it must not take the engine down: keep the configured tau.
-            logger.warning("request %s: %s; using fsd_threshold=%s", req_id, err, tau)
-        return RequestParams(float(p.temperature), int(p.top_k or 0), float(p.top_p), p.seed, tau)
-
-    def _asked_rule(self, req_id: str) -> str | None:
-        """The rule the request names (``extra_args["algorithm"]``), or None: ``auto``
-        chooses. The front end refuses a rule this engine lacks (request_validation.py);
-        one that bypassed it is logged and left to ``auto``, never raised here."""
-        p = self.runner.requests[req_id].sampling_params
-        if p is None:
-            return None
-        try:
-            return request_rule(p.extra_args, self._rules_offered)
-        except ValueError as err:
-            logger.warning("request %s: %s; auto chooses its rule", req_id, err)
-            return None
-
-    def _grammar_cut(self, req_id: str) -> bool:
-        """Whether vLLM's scheduler cuts this request's drafts at the first token its
-        grammar rejects (structured outputs): verified one-hot then (``verify/plan.py``)."""
-        p = self.runner.requests[req_id].sampling_params
-        return p is not None and p.structured_outputs is not None
-
-    def _layout(self, req_ids: list[str], rows: list[int], drafts: StepDrafts) -> list[list[int]]:
-        out: list[list[int]] = [[] for _ in req_ids]
-        for row, ids in zip(rows, drafts.ids):
-            out[row] = ids
-        return out
-
-    def _install(self, req_ids: list[str], rows: list[int], drafts: StepDrafts | None) -> None:
-        """Set this step's verification plan, keyed by request id (greedy rows are the
-        sampler's to tell, from vLLM's batch)."""
-        self._plan = None
-        if drafts is None:
-            return
-        fsd = drafts.fsd_threshold is not None
-        plan = VerifyPlan(
-            drafts.q, {}, set(), {}, {} if fsd else None, self.settings.fsd_divergence, self.settings.fsd_topk
-        )
-        for i, row in enumerate(rows):
-            req_id = req_ids[row]
-            if drafts.q is not None:
-                plan.q_index[req_id] = drafts.q_index[i]
-            if self._grammar_cut(req_id):
-                plan.one_hot.add(req_id)
-            if i in drafts.force_reject:
-                plan.force_reject[req_id] = drafts.force_reject[i]
-            if fsd:
-                plan.fsd_threshold[req_id] = drafts.fsd_threshold[i]
-        self._plan = plan
+    def _record(self, plan: StepPlan, req_ids: list[str], sampled: list[int], params: list[RequestParams],
+                row_lengths: list[int], proposed: list[int], start: float) -> None:
+        """Tell the policy what the step drafted and how long it took."""
+        end = time.perf_counter()
+        self.policy.record(plan, req_ids, sampled, [p.temperature for p in params], row_lengths, proposed, start, end)
+        if logger.isEnabledFor(logging.DEBUG):  # VLLM_LOGGING_LEVEL=DEBUG
+            why, rates, lump = self.policy.why(plan)
+            logger.debug("hetero spec step: planned %s, proposed %s, rules %s in %.0f ms (%s; tok/s per k %s; "
+                         "catch-up lump %d)", plan.lengths, proposed, plan.rules, 1e3 * (end - start), why,
+                         [round(r, 2) for r in rates], lump)
 
     def _publish(self) -> None:
-        """Copy the counters and the state size to the metrics board (memory writes)."""
+        """Copy the counters, the state size and the policy's gauges to the metrics board
+        (memory writes)."""
         stats = self.stats
-        for name, value in stats.as_metrics().items():
+        for name, value in {**stats.as_metrics(), **self.policy.gauges()}.items():
             self.board.set(name, value)
         self._publish_states(stats)
-        self.board.set("draft_budget", self.budget.last_k)
-        if self.rules is not None:
-            for rule, n in self.rules.chosen.items():
-                self.board.set(f"{rule}_request_steps", n)
 
     def _publish_states(self, stats: DrafterStats) -> None:
         self.board.set("request_states", stats.request_states)

@@ -63,9 +63,8 @@ def check_draft_model_config(settings: HeteroSettings, target_model_config: Any 
     draft-model key (a quantization the checkpoint, dtype or platform lacks, a length
     past the model's, a revision that does not exist) stop start-up naming the key,
     not a worker with a traceback."""
-    from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, draft_load
-    from vllm_hetero_spec.drafter.runtime.draft_dtype import cpu_flags, platform_device_type, resolve_draft_dtype
-    from vllm_hetero_spec.drafter.runtime.model import draft_vllm_config
+    from vllm_hetero_spec.drafter import (RuntimeConfig, cpu_flags, draft_load, draft_vllm_config,
+                                          platform_device_type, resolve_draft_dtype)
 
     load = draft_load(settings, bool(getattr(target_args, "trust_remote_code", False)),
                       getattr(target_args, "download_dir", None), getattr(target_args, "load_format", "auto"),

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_hetero_spec.drafter.engine import DraftEngine
+from vllm_hetero_spec.drafter.batch_drafter import BatchDrafter
 from vllm_hetero_spec.drafter.messages import RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.runtime.paged_kv import TokenTree
 from vllm_hetero_spec.vocab.retokenize import propose_continuations
@@ -58,10 +58,10 @@ class Branch:
 
 
 class PipelinedDrafter:
-    """A :class:`DraftEngine` plus speculative drafting between steps."""
+    """A :class:`BatchDrafter` plus speculative drafting between steps."""
 
-    def __init__(self, engine: DraftEngine, max_branches: int):
-        self.engine = engine
+    def __init__(self, engine: BatchDrafter, max_branches: int):
+        self.drafter = engine
         self.max_branches = max_branches
         self.branches: dict[str, list[Branch]] = {}
         self._last: tuple[StepBatch, StepDrafts] | None = None
@@ -72,16 +72,16 @@ class PipelinedDrafter:
         for i, (req_id, tokens) in enumerate(zip(batch.req_ids, batch.tokens)):
             for branch in self.branches.get(req_id, ()):
                 if len(branch.assumed) == len(tokens) and np.array_equal(branch.assumed, tokens):
-                    self.engine.move(branch.key, req_id)
+                    self.drafter.move(branch.key, req_id)
                     hits[i] = branch.drafts
                     break
-        stats = self.engine.stats
+        stats = self.drafter.stats
         stats.pipeline_hits += len(hits)
         stats.pipeline_misses += sum(1 for r in batch.req_ids if r in self.branches) - len(hits)
         stats.proposed += sum(len(d.ids[0]) for d in hits.values())
         self.discard()
         rest = [i for i in range(len(batch.req_ids)) if i not in hits]
-        drafted = self.engine.step(
+        drafted = self.drafter.step(
             StepBatch([batch.req_ids[i] for i in rest], [batch.tokens[i] for i in rest],
                       [batch.params[i] for i in rest], batch.budget, [batch.cap(i) for i in rest])
         )
@@ -98,14 +98,14 @@ class PipelinedDrafter:
         """Forget every request not in ``live``, with its branches."""
         for req_id in [r for r in self.branches if r not in live]:
             for branch in self.branches.pop(req_id):
-                self.engine.drop(branch.key)
-        self.engine.keep_only(live | self._branch_keys())
+                self.drafter.drop(branch.key)
+        self.drafter.keep_only(live | self._branch_keys())
 
     def discard(self) -> None:
         """Drop every speculative branch."""
         for branches in self.branches.values():
             for branch in branches:
-                self.engine.drop(branch.key)
+                self.drafter.drop(branch.key)
         self.branches.clear()
 
     def speculate(self, stop: Callable[[], bool] = lambda: False) -> None:
@@ -118,7 +118,7 @@ class PipelinedDrafter:
         t0 = time.perf_counter()
         batch, drafts = self._last
         self._last = None
-        engine = self.engine
+        engine = self.drafter
         eos = engine.bridge.target_tokenizer.eos_token_id
         keys, bases, params, owners = [], [], [], []
         for i, req_id in enumerate(batch.req_ids):
@@ -152,7 +152,7 @@ class PipelinedDrafter:
         stop: Callable[[], bool],
     ) -> None:
         """Pick each request's bonus-token candidates and draft one branch per candidate."""
-        engine = self.engine
+        engine = self.drafter
         n_draft = len(engine.bridge.draft_bytes)
         probs = engine.next_logits(keys)[:, :n_draft].softmax(dim=-1)
         top_p, top_ids = probs.topk(self.max_branches, dim=-1)
@@ -196,7 +196,7 @@ class PipelinedDrafter:
     def _second_token_top(self, keys: list[str], top1: list[int]) -> list[float]:
         """The drafter's top probability for the token after each request's top-1
         candidate (one tree-masked forward past the cache, nothing committed)."""
-        engine = self.engine
+        engine = self.drafter
         caches = [engine.states[k].cache for k in keys]
         trees = [TokenTree(c) for c in caches]
         try:

@@ -5,7 +5,7 @@ token, one weight row each: with a large vocabulary, a share of each forward's w
 reads comparable to the rest of a small model's. :class:`DraftHead` keeps the rows of ``ids``
 (``vocab/frequent_tokens.py`` picks them) as one contiguous matrix, copied once at load,
 and returns logits of the full width with ``-inf`` outside ``ids``. So every rule and
-strategy reads them unchanged: the drafter never samples a token outside ``ids`` (its
+draft rule reads them unchanged: the drafter never samples a token outside ``ids`` (its
 probability is 0), and the q a rule verifies with is the distribution it sampled from,
 so losslessness holds as with the whole head. Verification is the target's and never
 changes.

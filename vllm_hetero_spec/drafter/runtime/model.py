@@ -86,7 +86,7 @@ def draft_vllm_config(cfg: RuntimeConfig):
     return draft_engine_args(cfg).create_engine_config()
 
 
-class DraftModelRuntime:
+class DraftModel:
     """Loads the draft model with vLLM and runs packed forwards over paged sequences."""
 
     def __init__(self, cfg: RuntimeConfig):
@@ -393,4 +393,4 @@ class DraftModelRuntime:
         return out
 
 
-__all__ = ["DraftModelRuntime", "PagedCache", "PoolExhausted", "RuntimeConfig", "TokenTree"]
+__all__ = ["DraftModel", "PagedCache", "PoolExhausted", "RuntimeConfig", "TokenTree"]

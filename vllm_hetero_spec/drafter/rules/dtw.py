@@ -1,6 +1,6 @@
 """``dtw`` with ``dtw_verify: faithful`` (TokenTiming): draft and proxy tokens are
 aligned by DTW and the matched draft token's probability becomes the proxy token's
-proposal probability (a one-entry q row). Lossless ``dtw`` is the base strategy."""
+proposal probability (a one-entry q row). Lossless ``dtw`` is the base draft rule."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import torch
 
 from vllm_hetero_spec.drafter.messages import DraftOutput, FirstToken, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
-from vllm_hetero_spec.drafter.strategies.base import Strategy
+from vllm_hetero_spec.drafter.rules.base import DraftRule
 from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.vocab.alignment import dtw_align_batch
 from vllm_hetero_spec.vocab.dtw import transfer_probs
 
 
-class DtwFaithful(Strategy):
+class DtwFaithful(DraftRule):
     """Re-tokenized like ``slem``, with TokenTiming's transferred probabilities as q."""
 
     def add_q(

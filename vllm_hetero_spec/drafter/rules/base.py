@@ -1,9 +1,9 @@
-"""The base strategy, which is also ``slem``'s and lossless ``dtw``'s: the drafter
+"""The base draft rule, which is also ``slem``'s and lossless ``dtw``'s: the drafter
 samples freely in its own vocabulary, its text is re-tokenized with the target
 tokenizer, and verification is one-hot.
 
-The other strategies override the steps that differ (``token_level.py``, ``dtw.py``,
-``slrs/strategy.py``); the draft loop itself (``drafter/draft_loop.py``) is shared.
+The other draft rules override the steps that differ (``token_level.py``, ``dtw.py``,
+``slrs/rule.py``); the draft loop itself (``drafter/draft_loop.py``) is shared.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ class Sampled(NamedTuple):
     verify_q: torch.Tensor | None = None
 
 
-class Strategy:
-    """A rule's drafting strategy. The class attributes and class methods are the
+class DraftRule:
+    """A rule's drafting draft rule. The class attributes and class methods are the
     rule's traits, which the proposer, the budget and the sampler read without an
     engine (``registry.py``)."""
 

@@ -3,7 +3,7 @@
 The proposer talks to either through the same three calls per step -- ``step`` (drafts
 for a batch, or ``None`` when there are none this step), ``drop`` (forget a request)
 and ``stats`` -- so everything about where drafting happens stays out of the
-vLLM-facing code. The Ray executor lives in ``drafter/placement/ray_executor.py``.
+vLLM-facing code. The Ray host lives in ``drafter/placement/ray_host.py``.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Protocol
 
 from vllm_hetero_spec.config import HeteroSettings
-from vllm_hetero_spec.drafter.engine import DraftEngine
+from vllm_hetero_spec.drafter.batch_drafter import BatchDrafter
 from vllm_hetero_spec.drafter.messages import DrafterStats, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
 
 
-class DraftExecutor(Protocol):
+class DrafterHost(Protocol):
     """What the proposer needs from a place that drafts."""
 
     def step(self, batch: StepBatch, live: set[str]) -> StepDrafts | None:
@@ -42,52 +42,52 @@ class DraftExecutor(Protocol):
         capturing them once, then dropping them); 0 where it drafts eagerly."""
 
     def profile(self, num_tokens: int, num_rows: int) -> None:
-        """Run the drafter's largest transient (``DraftEngine.profile``) where vLLM's
+        """Run the drafter's largest transient (``BatchDrafter.profile``) where vLLM's
         memory profile sees it; nothing where drafting runs elsewhere."""
 
     def close(self) -> None:
-        """Release what the executor started (idempotent)."""
+        """Release what the host started (idempotent)."""
 
 
-class InProcessExecutor:
+class InProcessHost:
     """Drafting inline, in the caller's process and thread."""
 
     def __init__(self, settings: HeteroSettings, runtime: RuntimeConfig, target_tokenizer: str, target_vocab: int,
                  seed: int = 0):
-        self.engine = DraftEngine(settings, target_tokenizer, target_vocab, seed, runtime)
+        self.drafter = BatchDrafter(settings, target_tokenizer, target_vocab, seed, runtime)
 
     def step(self, batch: StepBatch, live: set[str]) -> StepDrafts:
-        self.engine.keep_only(live)
-        return self.engine.step(batch)
+        self.drafter.keep_only(live)
+        return self.drafter.step(batch)
 
     def drop(self, req_id: str) -> None:
-        self.engine.drop(req_id)
+        self.drafter.drop(req_id)
 
     def reset(self) -> None:
-        self.engine.reset()
+        self.drafter.reset()
 
     def stats(self) -> DrafterStats:
-        return self.engine.snapshot_stats()
+        return self.drafter.snapshot_stats()
 
     def capture_graphs(self) -> int:
-        return self.engine.runtime.capture_graphs()
+        return self.drafter.runtime.capture_graphs()
 
     def graph_memory(self) -> int:
-        return self.engine.runtime.graph_memory()
+        return self.drafter.runtime.graph_memory()
 
     def profile(self, num_tokens: int, num_rows: int) -> None:
-        self.engine.profile(num_tokens, num_rows)
+        self.drafter.profile(num_tokens, num_rows)
 
     def close(self) -> None:
         """Nothing to release."""
 
 
-def make_executor(settings: HeteroSettings, runtime: RuntimeConfig, target_tokenizer: str, target_vocab: int,
-                  seed: int = 0) -> DraftExecutor:
-    """The executor the config asks for, drafting with the concrete ``runtime``
+def make_host(settings: HeteroSettings, runtime: RuntimeConfig, target_tokenizer: str, target_vocab: int,
+              seed: int = 0) -> DrafterHost:
+    """The host the config asks for (its key is ``executor``), drafting with the concrete ``runtime``
     (``drafter/runtime/config.py``); ``seed`` seeds the draft random streams."""
     if settings.executor == "ray":
-        from vllm_hetero_spec.drafter.placement.ray_executor import RayExecutor
+        from vllm_hetero_spec.drafter.placement.ray_host import RayHost
 
-        return RayExecutor(settings, runtime, target_tokenizer, target_vocab, seed)
-    return InProcessExecutor(settings, runtime, target_tokenizer, target_vocab, seed)
+        return RayHost(settings, runtime, target_tokenizer, target_vocab, seed)
+    return InProcessHost(settings, runtime, target_tokenizer, target_vocab, seed)

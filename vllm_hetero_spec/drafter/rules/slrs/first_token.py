@@ -2,7 +2,7 @@
 
 Per request: the drafter's distribution at the context ranks the likely first target
 tokens (candidates); their psi nodes are evaluated level by level, one tree-masked
-drafter forward per level for the whole batch (:mod:`drafter.strategies.slrs.psi`); psi on the
+drafter forward per level for the whole batch (:mod:`drafter.rules.slrs.psi`); psi on the
 candidates that fit the work cap (C), plus the drafter's chance of ending the text at
 once (the target's EOS), is renormalized, the first target token is sampled from it,
 and that same row is what the verifier gets as q. The drafter then continues from that
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm_hetero_spec.drafter.runtime.paged_kv import PagedCache, PoolExhausted, TokenTree
-from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime
+from vllm_hetero_spec.drafter.runtime.model import DraftModel
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs
-from vllm_hetero_spec.drafter.strategies.slrs.psi import PsiPlanner, TreeBuilder
+from vllm_hetero_spec.drafter.rules.slrs.psi import PsiPlanner, TreeBuilder
 from vllm_hetero_spec.host_to_device import to_device
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 from vllm_hetero_spec.vocab.retokenize import TokenEncoder
@@ -53,7 +53,7 @@ class FirstTokens:
 MIN_COVERAGE = 0.05
 
 
-class StringLevelProposer:
+class FirstTokenSampler:
     """Holds the vocabulary structures of one pair and proposes first tokens."""
 
     def __init__(
@@ -114,7 +114,7 @@ class StringLevelProposer:
         return [(self.canonical_id(b), b) for b in ranked]
 
     def propose(
-        self, runtime: DraftModelRuntime, caches: list[PagedCache], root_logits: torch.Tensor, rows: SamplingRows
+        self, runtime: DraftModel, caches: list[PagedCache], root_logits: torch.Tensor, rows: SamplingRows
     ) -> FirstTokens:
         """First proposals for requests whose drafter has just evaluated its context
         (``root_logits`` ``[n, draft_vocab]``, caches committed up to the context).
@@ -153,7 +153,7 @@ class StringLevelProposer:
         held.clear()
 
     def _evaluate(
-        self, runtime: DraftModelRuntime, caches: list[PagedCache], trees: list[TokenTree],
+        self, runtime: DraftModel, caches: list[PagedCache], trees: list[TokenTree],
         builders: list[TreeBuilder], rows: SamplingRows,
     ) -> None:
         """Grow every request's psi tree level by level: per level one forward and one

@@ -2,17 +2,17 @@
 
 It knows nothing of vLLM's runner, so the same object drafts in the engine's process
 (``executor: inprocess``) or inside a Ray actor on CPU cores (``executor: ray``). Each
-:meth:`DraftEngine.step` takes the committed target tokens of the rows to draft and,
+:meth:`BatchDrafter.step` takes the committed target tokens of the rows to draft and,
 per request, (1) feeds the newly committed tokens to the request's draft-side
 tokenization as text (look-behind realignment, KV rollback), (2) runs the drafter for
 all requests at once, and (3) returns target-vocabulary proposals -- re-tokenized draft
 text for ``slem`` and ``dtw``, intersection-mapped ids with their exact draft
 distribution for the token-level algorithms (``tli``, ``fsd``, ``union``), and for
 ``slrs`` a first target token sampled from the drafter's string-level law psi
-(``drafter/strategies/slrs/``) followed by re-tokenized draft text -- with what verification
+(``drafter/rules/slrs/``) followed by re-tokenized draft text -- with what verification
 needs beyond the ids (q rows, ``union``'s forced rejections, ``fsd``'s thresholds).
-How a position is sampled and how proposals are assembled is a rule's strategy
-(``drafter/strategies/``), which sees the engine only through a narrow
+How a position is sampled and how proposals are assembled is a rule's draft rule
+(``drafter/rules/``), which sees the engine only through a narrow
 :class:`DraftContext`; the draft loop (``drafter/draft_loop.py``) is shared. With ``algorithm: auto`` each row
 names its rule for the step (``RequestParams.rule``, chosen by the proposer): rows are
 drafted in one loop per rule, so a batch may mix rules and each row's proposals are
@@ -35,11 +35,11 @@ from vllm_hetero_spec.drafter.draft_loop import run_draft_loop
 from vllm_hetero_spec.drafter.messages import DrafterStats, RequestParams, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.request_state import RequestState
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig, resolve_runtime_config
-from vllm_hetero_spec.drafter.runtime.model import DraftModelRuntime
+from vllm_hetero_spec.drafter.runtime.model import DraftModel
 from vllm_hetero_spec.drafter.runtime.paged_kv import PoolExhausted
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows
-from vllm_hetero_spec.drafter.strategies.base import Strategy
-from vllm_hetero_spec.drafter.strategies.registry import make_strategies
+from vllm_hetero_spec.drafter.rules.base import DraftRule
+from vllm_hetero_spec.drafter.rules.registry import make_draft_rules
 from vllm_hetero_spec.model_names import draft_tokenizer_folder
 from vllm_hetero_spec.vocab.bridge import VocabBridge
 from vllm_hetero_spec.vocab.id_map import MappedTokens
@@ -59,7 +59,7 @@ def _engine_seed(seed: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-class DraftEngine:
+class BatchDrafter:
     """Draft state and drafting for every request of one engine."""
 
     def __init__(self, settings: HeteroSettings, target_tokenizer: str, target_vocab: int, seed: int = 0,
@@ -69,7 +69,7 @@ class DraftEngine:
         self.settings = settings
         self.seed = seed
         self.k = settings.num_speculative_tokens
-        self.runtime = DraftModelRuntime(runtime or resolve_runtime_config(settings)[0])
+        self.runtime = DraftModel(runtime or resolve_runtime_config(settings)[0])
         self.bridge = VocabBridge.build(str(draft_tokenizer_folder(settings)), target_tokenizer, self.runtime.vocab_size,
                                         target_vocab)
         self.intersection = self.bridge.intersection.to(self.runtime.device)
@@ -89,7 +89,7 @@ class DraftEngine:
             frozenset(specials | set(self.bridge.draft_tokenizer.all_special_ids)),
             self.bridge.target_tokenizer.eos_token_id, target_vocab, self.generator, self.stats,
         )
-        self.strategies = make_strategies(self.ctx)
+        self.draft_rules = make_draft_rules(self.ctx)
         # Read the draft loop back once per step (accelerators) or every position (CPU,
         # where a read costs nothing and rows that stop leave the batch): see run_draft_loop.
         self.defer_reads = self.runtime.device.type != "cpu"
@@ -133,15 +133,15 @@ class DraftEngine:
         """The drafter's worst step, for vLLM's memory profile: its largest forward, then
         for every rule the engine drafts with, ``num_rows`` rows sampled through the
         costliest path at every draft position, each position's q held as the draft
-        loop holds it until the step ends (``Strategy.profile``). The rows ask for top-p
+        loop holds it until the step ends (``DraftRule.profile``). The rows ask for top-p
         alone, which sorts the whole draft vocabulary (a top-k takes a partial top-k
         instead). Draws from a stream of its own."""
         logits = self.runtime.dummy_logits(num_tokens, num_rows).narrow(1, 0, len(self.bridge.draft_bytes))
         n = logits.shape[0]
         gen = new_generator(self.runtime.device, 0)
         rows = SamplingRows.build([1.0] * n, [0] * n, [0.9] * n, [None] * n, self.runtime.device, gen)
-        for strategy in self.strategies.values():
-            strategy.profile(logits, rows, self.k)
+        for draft_rule in self.draft_rules.values():
+            draft_rule.profile(logits, rows, self.k)
 
     # -- per-step work ----------------------------------------------------------------
 
@@ -165,7 +165,7 @@ class DraftEngine:
         draft_s = 0.0
         parts: list[tuple[list[int], StepDrafts]] = []
         for rule, active in groups.items():
-            part, drafted_s = self._step_rule(self.strategies[rule], batch, active, budget, stop)
+            part, drafted_s = self._step_rule(self.draft_rules[rule], batch, active, budget, stop)
             parts.append((active, part))
             draft_s += drafted_s
         out = self._merge(parts, ready)
@@ -182,8 +182,8 @@ class DraftEngine:
         """The rule a row drafts with: the one it names, else the engine's first for its
         kind of sampling (its algorithm, or ``auto``'s first candidate)."""
         if params.rule:
-            if params.rule not in self.strategies:
-                raise ValueError(f"rule {params.rule!r} is not one of this engine's {list(self.strategies)}")
+            if params.rule not in self.draft_rules:
+                raise ValueError(f"rule {params.rule!r} is not one of this engine's {list(self.draft_rules)}")
             return params.rule
         settings = self.settings
         if settings.algorithm != "auto":
@@ -191,7 +191,7 @@ class DraftEngine:
         return settings.auto_greedy[0] if params.temperature < GREEDY_EPS else settings.auto_sampled[0]
 
     def _step_rule(
-        self, strategy: Strategy, batch: StepBatch, active: list[int], budget: int,
+        self, draft_rule: DraftRule, batch: StepBatch, active: list[int], budget: int,
         stop: Callable[[], bool] | None,
     ) -> tuple[StepDrafts, float]:
         """Draft the batch rows ``active`` with one rule: the drafts (rows outside
@@ -199,14 +199,14 @@ class DraftEngine:
         active_ids = [batch.req_ids[i] for i in active]
         states = [self.states[r] for r in active_ids]
         t0 = time.perf_counter()
-        first = strategy.first_tokens(active_ids, states)
+        first = draft_rule.first_tokens(active_ids, states)
         drafting = [r for r in active_ids if r not in first or first[r].continues]
         caps = {batch.req_ids[i]: max(1, min(batch.cap(i), budget)) for i in active}
-        draft = run_draft_loop(self.ctx, strategy, [self.states[r] for r in drafting], budget,
+        draft = run_draft_loop(self.ctx, draft_rule, [self.states[r] for r in drafting], budget,
                                [caps[r] for r in drafting], self.defer_reads, stop)
         t1 = time.perf_counter()
         out = StepDrafts([[] for _ in batch.req_ids], ready=[False] * len(batch.req_ids))
-        strategy.assemble(out, batch, active, states, drafting, draft, budget, first)
+        draft_rule.assemble(out, batch, active, states, drafting, draft, budget, first)
         return out, t1 - t0
 
     @staticmethod
@@ -298,9 +298,9 @@ class DraftEngine:
         out = []
         for req_id, ok, rule in zip(req_ids, ready, rules):
             if ok:
-                strategy = self.strategies[rule]
+                draft_rule = self.draft_rules[rule]
                 state = self.states[req_id]
-                end = len(state.draft) + strategy.draft_steps(budget) + strategy.reserve_extra
+                end = len(state.draft) + draft_rule.draft_steps(budget) + draft_rule.reserve_extra
                 if end > self.runtime.max_len:
                     out.append(False)
                     continue

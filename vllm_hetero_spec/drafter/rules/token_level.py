@@ -1,4 +1,4 @@
-"""The token-level strategies (``tli``, ``union``, ``fsd``): each draft token is carried
+"""The token-level draft rules (``tli``, ``union``, ``fsd``): each draft token is carried
 one to one into the target vocabulary through the intersection map
 (``mapped_sampling.py``), with the exact distribution it was drawn from as q."""
 
@@ -13,11 +13,11 @@ from vllm_hetero_spec.config import HeteroSettings, request_fsd_threshold
 from vllm_hetero_spec.drafter.messages import DraftOutput, FirstToken, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.request_state import RequestState
 from vllm_hetero_spec.drafter.sampling import SamplingRows
-from vllm_hetero_spec.drafter.strategies.base import Sampled, Strategy
-from vllm_hetero_spec.drafter.strategies.mapped_sampling import RESTRICTED, draft_step
+from vllm_hetero_spec.drafter.rules.base import Sampled, DraftRule
+from vllm_hetero_spec.drafter.rules.mapped_sampling import RESTRICTED, draft_step
 
 
-class TokenLevel(Strategy):
+class TokenLevel(DraftRule):
     """``tli`` and ``union``: sample through the intersection map (``tli`` only among
     shared tokens, ``union`` freely, its absent tokens proposed as placeholders and
     rejected); q is the exact distribution each token was drawn from, on the target

@@ -1,4 +1,4 @@
-"""``slrs``'s strategy: each sampling request's first target token is drawn from the
+"""``slrs``'s draft rule: each sampling request's first target token is drawn from the
 drafter's string-level law psi on C (``proposer.py``, ``psi.py``), with that row as its
 q; the rest of the step is re-tokenized draft text, verified one-hot."""
 
@@ -10,13 +10,13 @@ from vllm_hetero_spec.drafter.context import DraftContext
 from vllm_hetero_spec.drafter.messages import DraftOutput, FirstToken, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.request_state import RequestState
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS, SamplingRows
-from vllm_hetero_spec.drafter.strategies.base import Strategy
-from vllm_hetero_spec.drafter.strategies.slrs.proposer import StringLevelProposer
+from vllm_hetero_spec.drafter.rules.base import DraftRule
+from vllm_hetero_spec.drafter.rules.slrs.first_token import FirstTokenSampler
 from vllm_hetero_spec.verify.draft_probs import DraftProbs
 
 
-class Slrs(Strategy):
-    """psi's first token, then the base strategy's re-tokenized text."""
+class Slrs(DraftRule):
+    """psi's first token, then the base draft rule's re-tokenized text."""
 
     reserve_extra = 8
     forward_only = False  # psi's tree costs several forwards per position
@@ -24,14 +24,14 @@ class Slrs(Strategy):
     def __init__(self, ctx: DraftContext, rule: str):
         super().__init__(ctx, rule)
         settings, bridge = ctx.settings, ctx.bridge
-        self.proposer = StringLevelProposer(
+        self.proposer = FirstTokenSampler(
             bridge.draft_bytes, bridge.target_bytes, bridge.target_encoder, ctx.target_eos, ctx.target_vocab,
             settings.slrs_max_nodes, settings.slrs_candidates, settings.slrs_min_prob, ctx.device,
         )
 
     def profile(self, logits: torch.Tensor, rows: SamplingRows, budget: int) -> None:
         """The draft loop's positions, then psi's tree at its widest
-        (``StringLevelProposer.profile``)."""
+        (``FirstTokenSampler.profile``)."""
         super().profile(logits, rows, budget)
         self.proposer.profile(logits, rows)
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from vllm_hetero_spec.config import HeteroSettings
-from vllm_hetero_spec.drafter.engine import DraftEngine
+from vllm_hetero_spec.drafter.batch_drafter import BatchDrafter
 from vllm_hetero_spec.drafter.messages import DrafterStats, StepBatch, StepDrafts
 from vllm_hetero_spec.drafter.placement.pipeline import PipelinedDrafter
 from vllm_hetero_spec.drafter.runtime.config import RuntimeConfig
@@ -55,14 +55,14 @@ class ActorReply:
 
 class DraftActor:
     """The actor's body (wrapped with ``ray.remote`` by the client, so this module
-    imports without Ray): a :class:`DraftEngine` behind a :class:`PipelinedDrafter`."""
+    imports without Ray): a :class:`BatchDrafter` behind a :class:`PipelinedDrafter`."""
 
     def __init__(self, settings: dict[str, Any], runtime: RuntimeConfig, target_tokenizer: str, target_vocab: int,
                  seed: int):
         parsed = HeteroSettings.from_dict(settings)
         torch.set_num_threads(parsed.ray_threads)
-        self.engine = DraftEngine(parsed, target_tokenizer, target_vocab, seed, runtime)
-        self.pipe = PipelinedDrafter(self.engine, parsed.max_branches)
+        self.drafter = BatchDrafter(parsed, target_tokenizer, target_vocab, seed, runtime)
+        self.pipe = PipelinedDrafter(self.drafter, parsed.max_branches)
         self.pipelined = parsed.pipeline
         # Two calls may be in the actor at once (max_concurrency=2): a step arriving
         # while speculation runs flags itself, speculation stops at its next drafter
@@ -74,7 +74,7 @@ class DraftActor:
 
     def ready(self) -> dict[str, Any]:
         """Start-up barrier and identity (the pid lets tests signal the process)."""
-        return {"pid": os.getpid(), "draft_vocab": self.engine.runtime.vocab_size}
+        return {"pid": os.getpid(), "draft_vocab": self.drafter.runtime.vocab_size}
 
     def step(self, batch: StepBatch, live: set[str], drops: list[str]) -> ActorReply:
         self._step_waiting.set()
@@ -84,13 +84,13 @@ class DraftActor:
 
     def _idle_until(self, t: float) -> None:
         if self._free_since is not None:
-            self.engine.stats.actor_idle_s += max(0.0, t - self._free_since)
+            self.drafter.stats.actor_idle_s += max(0.0, t - self._free_since)
 
     def _step(self, batch: StepBatch, live: set[str], drops: list[str]) -> ActorReply:
         self._idle_until(time.perf_counter())
         self.pipe.keep_only(live - set(drops))
         drafts = self.pipe.step(batch)
-        reply = ActorReply(drafts, self.engine.snapshot_stats(), self._errors)
+        reply = ActorReply(drafts, self.drafter.snapshot_stats(), self._errors)
         self._errors = []
         self._free_since = time.perf_counter()
         return reply
@@ -110,14 +110,14 @@ class DraftActor:
             # Speculation only saves time: a failure costs its branches, nothing else.
             # Nobody waits on this call, so the error travels with the next reply.
             self.pipe.discard()
-            self.engine.stats.pipeline_errors += 1
+            self.drafter.stats.pipeline_errors += 1
             self._errors.append(traceback.format_exc())
         self._free_since = time.perf_counter()
 
     def reset(self) -> None:
         with self._lock:
             self.pipe.discard()
-            self.engine.reset()
+            self.drafter.reset()
 
 
 def _import_ray() -> Any:
@@ -139,7 +139,7 @@ def cluster_address(settings: HeteroSettings) -> str | None:
     return settings.ray_address or os.environ.get("RAY_ADDRESS") or None
 
 
-class RayExecutor:
+class RayHost:
     """Client side: owns the actor, the timeouts and restarts."""
 
     def __init__(self, settings: HeteroSettings, runtime: RuntimeConfig, target_tokenizer: str, target_vocab: int,
@@ -254,7 +254,7 @@ class RayExecutor:
         that finished loading (what each step does first)."""
         return self._available()
 
-    # -- DraftExecutor ----------------------------------------------------------------
+    # -- DrafterHost ----------------------------------------------------------------
 
     def step(self, batch: StepBatch, live: set[str]) -> StepDrafts | None:
         now = time.perf_counter()

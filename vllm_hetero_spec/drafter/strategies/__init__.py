@@ -1,3 +1,0 @@
-"""Each rule's drafting strategy: how a position is sampled and how a step's draft
-tokens become target-vocabulary proposals. Nothing outside this package branches on a
-rule's name; ``registry.py`` maps names to strategies and their traits."""
