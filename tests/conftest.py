@@ -72,12 +72,34 @@ def _seed_every_draw(request: pytest.FixtureRequest) -> None:
     random.seed(seed)
 
 
+#: The e2e pass runs two modules at a time (``scripts/test.sh``: pytest-xdist, a lane per
+#: core), and their engines share the cores through leases (``hetero_harness/cores.py``):
+#: most of an engine's life is one core's work, so one module alone left a core idle. A
+#: group of modules runs in one lane, in this order: the Gemma pair's modules share the
+#: target alone's engine (``e2e/conftest.py``), and the serving module's servers load the
+#: compile of the README's server. Groups go out longest first.
+E2E_GROUPS: dict[str, tuple[str, ...]] = {
+    "gemma-pair": ("test_e2e_rules.py", "test_lifecycle.py", "test_ray_executor.py", "test_tensor_parallel.py",
+                   "test_serving_scale.py"),
+    "readme-compile": ("test_readme_commands.py", "test_serving.py"),
+    "advise": ("test_advise.py",),
+    "batch-schedule": ("test_batch_schedule.py",),
+}
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Everything under ``tests/e2e/`` starts real engines: mark it ``e2e``, so the fast
-    lane (``-m "not e2e"``) leaves it out without each file having to say so."""
+    lane (``-m "not e2e"``) leaves it out without each file having to say so; and give
+    it its group and place (:data:`E2E_GROUPS`; a module in no group is a group of its own)."""
+    order = {name: (g, i) for g, (_, names) in enumerate(E2E_GROUPS.items()) for i, name in enumerate(names)}
+    group_of = {name: group for group, names in E2E_GROUPS.items() for name in names}
     for item in items:
         if "e2e" in item.path.parent.parts[-1:]:
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.xdist_group(group_of.get(item.path.name, item.path.stem)))
+    items.sort(key=lambda item: order.get(item.path.name, (len(E2E_GROUPS), 0)) if item.get_closest_marker("e2e")
+               else (-1, 0))
 
 
 @pytest.fixture(scope="module")

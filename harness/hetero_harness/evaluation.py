@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from hetero_harness.cores import lease, machine_cores
 from vllm_hetero_spec.advise.counters import spec_decode_delta
 
 RESULT_PREFIX = "HETERO_RESULT "
@@ -28,12 +29,24 @@ def default_env() -> dict[str, str]:
 
 
 def run_isolated(job: dict[str, Any], timeout: float = 1800, env: dict[str, str] | None = None,
-                 core: int | None = None, charge: str | None = None) -> dict[str, Any]:
+                 core: int | None = None, charge: str | None = None, lease_cores: int | None = 0) -> dict[str, Any]:
     """Run :func:`run_job` on ``job`` in a child process (``env`` added to its
-    environment) and return its result. With ``core``, the whole child runs on that one
-    core: its OpenMP threads and every other thread it starts (see :func:`_pin`). With
-    ``charge``, the test suite's cost ledger charges the child's engine to that budget
-    line instead of the running test module's (``cost_ledger.charge_child``)."""
+    environment) and return its result. With ``core`` (one the caller holds a lease on,
+    ``cores.py``), the whole child runs on that one core: its OpenMP threads and every
+    other thread it starts (see :func:`_pin`). ``lease_cores``: 0 takes no lease (a
+    benchmark, alone on its machine); 1 leases a core and pins the child to it; None
+    leases every core, which the job's own binding spreads over (tensor parallelism, a
+    Ray drafter). With ``charge``, the test suite's cost ledger charges the child's
+    engine to that budget line instead of the running test module's
+    (``cost_ledger.charge_child``)."""
+    if core is not None or lease_cores == 0:
+        return _run_child(job, timeout, env, core, charge)
+    with lease(lease_cores) as held:
+        return _run_child(job, timeout, env, held.cores[0] if lease_cores == 1 else None, charge)
+
+
+def _run_child(job: dict[str, Any], timeout: float, env: dict[str, str] | None, core: int | None,
+               charge: str | None) -> dict[str, Any]:
     from hetero_harness import cost_ledger
 
     argv = [sys.executable, "-m", "hetero_harness.evaluation", json.dumps(job)]
@@ -63,7 +76,8 @@ def run_isolated_many(jobs: list[dict[str, Any]], parallel: int | None = None,
                       charges: list[str | None] | None = None) -> list[dict[str, Any] | Exception]:
     """Run each of ``jobs`` with :func:`run_isolated` (``env`` added to each child's
     environment), ``parallel`` at a time (default: one per CPU core), each child pinned
-    to a core of its own, and return
+    to a core it holds a lease on (``cores.py``: a core another test's engine holds is
+    not shared), and return
     their results in order; a job that failed gives its exception in its place (one
     failed configuration must not hide the others' results).
 
@@ -72,21 +86,13 @@ def run_isolated_many(jobs: list[dict[str, Any]], parallel: int | None = None,
     e2e: 6:36 -> 5:20); pinning each to its own core keeps their compute phases from
     fighting over both cores. Results do not depend on it: a child's outputs are compared only
     with other children's, all run the same way (one thread each when parallel)."""
-    cores = os.sched_getaffinity(0)
-    parallel = max(1, min(parallel or len(cores), len(jobs)))
-    free = sorted(cores)[:parallel]
+    parallel = max(1, min(parallel or len(machine_cores()), len(jobs)))
 
     def one(job: dict[str, Any], charge: str | None) -> dict[str, Any] | Exception:
-        # pool.map runs at most `parallel` at once, so a core is always free; pop/append
-        # on a list are atomic.
-        core = free.pop() if parallel > 1 else None
         try:
-            return run_isolated(job, timeout, env=env, core=core, charge=charge)
+            return run_isolated(job, timeout, env=env, charge=charge, lease_cores=1)
         except Exception as exc:  # noqa: BLE001 -- handed back in the job's place
             return exc
-        finally:
-            if core is not None:
-                free.append(core)
 
     with ThreadPoolExecutor(parallel) as pool:
         return list(pool.map(one, jobs, charges or [None] * len(jobs)))

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from hetero_harness.cores import Lease, lease
 from hetero_harness.evaluation import default_env
 
 
@@ -40,7 +41,14 @@ class ServerProcess:
     """``vllm serve MODEL ARGS...`` on 127.0.0.1; use as a context manager."""
 
     def __init__(self, model: str, args: list[str], log_path: Path, startup_timeout: float = 600,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, lease_cores: int | None = 0):
+        """``lease_cores``: 0 takes no core lease (``cores.py``; a benchmark, alone on its
+        machine); 1 leases a core and runs the whole server there (its process
+        affinity: vLLM's own thread binding then puts its worker on that core, and the
+        compile key stays the unpinned server's); None leases every core, held until
+        :meth:`stop`, for a server whose engines spread over them."""
+        self.lease_cores = lease_cores
+        self._lease: Lease | None = None
         self.model = model
         self.args = args
         self.env = env or {}
@@ -65,8 +73,14 @@ class ServerProcess:
         env = default_env()
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's normal process layout
         env.update(self.env)
+        pin = None
+        if self.lease_cores != 0:
+            self._lease = lease(self.lease_cores)
+            if self.lease_cores == 1:
+                pin = self._lease.cores
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     preexec_fn=None if pin is None else lambda: os.sched_setaffinity(0, pin))
         self._deadline = time.monotonic() + self.startup_timeout
         return self
 
@@ -120,6 +134,9 @@ class ServerProcess:
         stop_group(self.proc, ((signal.SIGTERM, grace),))
         self._log.close()
         self.proc = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
     def log_tail(self, chars: int = 6000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]

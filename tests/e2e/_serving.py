@@ -4,8 +4,11 @@ client."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
+from hetero_harness.cores import lease, machine_cores
 from hetero_harness.server_process import ServerProcess
 
 #: The target's own context (Qwen2.5-Coder-0.5B's), which the servers run at by default.
@@ -20,10 +23,23 @@ COMMON = ["--dtype", "float32"]
 COMPILE_CACHED = ("saved AOT compiled function", "Directly load AOT compilation")
 
 
-def launch(model: str, extra: list[str], log: Path, env: dict[str, str] | None = None) -> ServerProcess:
+def launch(model: str, extra: list[str], log: Path, env: dict[str, str] | None = None,
+           lease_cores: int | None = 0) -> ServerProcess:
     """A `vllm serve` of ``model`` with the tests' common flags (``env`` added to its
-    environment), launched without waiting (call ``wait_ready()`` before use)."""
-    return ServerProcess(model, COMMON + extra, log, env=env).launch()
+    environment), launched without waiting (call ``wait_ready()`` before use), holding
+    a lease on ``lease_cores`` cores while it runs (``ServerProcess``): 0 where the
+    module holds the lease (:func:`first_core`)."""
+    return ServerProcess(model, COMMON + extra, log, env=env, lease_cores=lease_cores).launch()
+
+
+@contextlib.contextmanager
+def first_core() -> Iterator[None]:
+    """Hold the first core (``hetero_harness/cores.py``) for a module whose servers run
+    as vLLM places them by default: its thread binding puts a lone engine's worker on
+    the first core, every server's alike, so another module's engine must not be pinned
+    there meanwhile."""
+    with lease(cores=machine_cores()[:1]):
+        yield
 
 
 def complete(server: ServerProcess, prompt: str, max_tokens: int, stream: bool = False, **extra) -> str:

@@ -35,7 +35,7 @@ class GemmaAlone:
         """``{rows name: result}`` (a failed run: its exception in each place)."""
         if self._results is None:
             try:
-                self.keep(run_isolated(self.job(), charge=_gemma_pair.GEMMA_ALONE))
+                self.keep(run_isolated(self.job(), charge=_gemma_pair.GEMMA_ALONE, lease_cores=1))
             except Exception as exc:  # noqa: BLE001 -- kept in the groups' places, raised by unwrap
                 self.keep(exc)
         return self._results

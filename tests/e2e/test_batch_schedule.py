@@ -38,7 +38,7 @@ def run(hub_home: Path) -> dict[str, Any]:
         "target": UPSTREAM_IDS["gemma3-270m"], "prompts": BRIDGE_STRESS[:4] * 2, "temperatures": [0.0] * 4 + [1.0] * 4,
         "solo": list(range(8)), "max_tokens": TOKENS, "ignore_eos": True, "max_model_len": 512, "warmup": False,
         "enforce_eager": True,  # start sooner; flags are not the subject
-        "speculative_config": spec}, env=offline_env(hub_home)))
+        "speculative_config": spec}, env=offline_env(hub_home), lease_cores=1))
 
 
 def test_a_batch_size_scheduled_at_zero_drafts_nothing(run: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ requests never preempted, a claim at least as strong.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from _gemma_pair import PREEMPT, group_prompts, prompts
+from hetero_harness.cores import lease
 from hetero_harness.evaluation import RESULT_PREFIX, default_env, unwrap
 
 #: The preemption half: 4 requests of 140 tokens (2 blocks each) in 4 blocks of 128 tokens.
@@ -35,9 +37,10 @@ KV = {"num_kv_blocks": 4, "max_model_len": 256}
 def runs(gemma: str, smollm2: str, gemma_alone) -> tuple[dict, dict]:
     """The lifecycle job, and the target alone's rows of the same prompts."""
     preempt = {"prompts": group_prompts(PREEMPT, prompts(gemma)), "max_tokens": PREEMPT.max_tokens, **KV}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("lifecycle_job.py")), gemma, smollm2,
-                           json.dumps(preempt)],
-                          capture_output=True, text=True, timeout=1200, env=default_env())
+    with lease(1) as held:  # the job on a core of its own (vLLM's binding follows the process's)
+        proc = subprocess.run([sys.executable, str(Path(__file__).with_name("lifecycle_job.py")), gemma, smollm2,
+                               json.dumps(preempt)], capture_output=True, text=True, timeout=1200, env=default_env(),
+                              preexec_fn=lambda: os.sched_setaffinity(0, held.cores))
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     assert line, proc.stderr[-4000:]
     return json.loads(line[-1][len(RESULT_PREFIX):]), unwrap(gemma_alone.results()["preempt"])

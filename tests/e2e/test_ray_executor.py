@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from _gemma_pair import SAMPLED, SEEDED
+from hetero_harness.cores import lease
 from hetero_harness.evaluation import RESULT_PREFIX, default_env, unwrap
 
 from _stats import two_sample_pvalue
@@ -44,7 +45,8 @@ def runs(gemma: str, smollm2: str, gemma_alone, count_rows, tmp_path_factory: py
     """The Ray job, and the target alone's rows."""
     logs = tmp_path_factory.mktemp("ray_job")
     count_rows(SAMPLED.count)
-    with open(logs / "out", "w+") as out, open(logs / "err", "w+") as err:
+    # Every core: the engine and the Ray actor each take one.
+    with lease(None), open(logs / "out", "w+") as out, open(logs / "err", "w+") as err:
         proc = subprocess.Popen([sys.executable, str(JOB), gemma, smollm2, "union"], stdout=out, stderr=err,
                                 env=default_env())
         try:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from transformers import AutoTokenizer
-from _serving import COMMON, COMPILE_CACHED, MAX_MODEL_LEN, chat, complete, launch, parallel
+from _serving import COMMON, COMPILE_CACHED, MAX_MODEL_LEN, chat, complete, first_core, launch, parallel
 
 from hetero_harness.evaluation import default_env
 from hetero_harness.prompts import BRIDGE_STRESS
@@ -25,6 +26,13 @@ from hetero_harness.server_process import ServerProcess, stream_and_abandon, vll
 
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _first_core() -> Iterator[None]:
+    """The core the servers' engines run on, held while they do (``_serving.first_core``)."""
+    with first_core():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -65,7 +65,7 @@ def test_dp2_bounded_pool_server_identical_to_target_alone_and_drafts(gemma: str
             "algorithm": "tli", "min_speculative_tokens": 1, "draft_kv_pool_mb": POOL_MB}
     dp = launch(UPSTREAM_IDS["gemma3-270m"], ["--data-parallel-size", "2", "--enforce-eager", "--max-model-len", "4096",
                                               "--speculative-config", json.dumps(spec)],
-                tmp_path / "dp2.log", env=offline_env(hub_home))
+                tmp_path / "dp2.log", env=offline_env(hub_home), lease_cores=None)
     try:
         want = unwrap(gemma_alone.results()[LONG_GREEDY.name])["token_ids"]
         ids = group_prompts(LONG_GREEDY, prompts(gemma))

@@ -42,7 +42,7 @@ def inprocess(gemma: str, smollm2: str) -> dict:
     VLLM_HETERO_SPEC_CHECK_RANKS=1 every step's sampled tokens and proposals are compared
     across the ranks (an all-gather of a digest)."""
     return run_isolated(_job(gemma, "inprocess", smollm2, [GREEDY, T1]),
-                        env={**ENV, "VLLM_HETERO_SPEC_CHECK_RANKS": "1"})
+                        env={**ENV, "VLLM_HETERO_SPEC_CHECK_RANKS": "1"}, lease_cores=None)
 
 
 def test_tp2_inprocess_identical_to_target_alone(plain: dict, inprocess: dict) -> None:
@@ -52,7 +52,7 @@ def test_tp2_inprocess_identical_to_target_alone(plain: dict, inprocess: dict) -
 
 
 def test_tp2_ray_identical_to_target_alone(gemma: str, smollm2: str, plain: dict) -> None:
-    result = run_isolated(_job(gemma, "ray", smollm2, [GREEDY]), env=ENV)
+    result = run_isolated(_job(gemma, "ray", smollm2, [GREEDY]), env=ENV, lease_cores=None)
     assert result["token_ids"] == plain["token_ids"]
     assert result["num_accepted_tokens"] > 0
 

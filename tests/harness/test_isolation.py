@@ -1,5 +1,5 @@
-"""Engine runs side by side: each child gets a core of its own, and everything in the
-child, not only vLLM's OpenMP threads, stays on it."""
+"""Engine runs side by side: each child gets a core of its own, held by a lease
+(``cores.py``), and everything in the child, not only vLLM's OpenMP threads, stays on it."""
 
 from __future__ import annotations
 
@@ -9,17 +9,18 @@ import subprocess
 import sys
 import threading
 
+from hetero_harness import cores as cores_module
 from hetero_harness import evaluation
 
 
-def test_parallel_children_get_distinct_cores(monkeypatch) -> None:
+def test_parallel_children_get_distinct_cores(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(cores_module, "LEASE_DIR", tmp_path)
     cores = sorted(os.sched_getaffinity(0))
     running: list[int] = []
     seen: list[tuple[int | None, int | None]] = []
     lock, both = threading.Lock(), threading.Barrier(min(2, len(cores)), timeout=10)
 
-    def fake_run_isolated(job: dict, timeout: float, env: dict | None = None, core: int | None = None,
-                          charge: str | None = None) -> dict:
+    def fake_run_child(job: dict, timeout: float, env: dict | None, core: int | None, charge: str | None) -> dict:
         with lock:
             running.append(core)
             seen.append((job["i"], core))
@@ -30,10 +31,10 @@ def test_parallel_children_get_distinct_cores(monkeypatch) -> None:
             running.remove(core)
         return {"i": job["i"]}
 
-    monkeypatch.setattr(evaluation, "run_isolated", fake_run_isolated)
+    monkeypatch.setattr(evaluation, "_run_child", fake_run_child)
     out = evaluation.run_isolated_many([{"i": i} for i in range(4)])
     assert [r["i"] for r in out] == [0, 1, 2, 3]
-    assert all((core in cores) if len(cores) > 1 else core is None for _, core in seen), seen
+    assert all(core in cores for _, core in seen), seen
 
 
 def test_pin_holds_for_threads_started_later() -> None:

@@ -1,0 +1,84 @@
+"""Machine-wide core leases: what lets the e2e pass run two test modules at once without
+ever running more engines than the machine has cores.
+
+Why: on two cores most of an engine's life is one core's work (vLLM's CPU worker binds
+its OpenMP threads to one core and leaves the other to the scheduler process), so a
+module that starts one engine at a time left a core idle for most of the e2e pass. Two
+modules side by side fill it, but two engines on one core, or two OpenMP teams spread
+over both, ran each of them 2-6x slower. So every engine a test starts first takes a
+lease on the core(s) it will run on, and holds it until the engine is gone: a lease on
+a core is an exclusive ``flock`` on a file of its own, so the kernel drops it when its
+holder dies, and leases work across processes (pytest-xdist workers) with no server.
+
+Fairness: one asker at a time holds the queue lock while it waits for its cores, so a
+test that needs both cores is not starved by another that keeps taking one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO
+
+LEASE_DIR = Path(tempfile.gettempdir()) / "vllm_hetero_spec_cores"
+POLL_S = 0.2
+
+
+def machine_cores() -> list[int]:
+    """The cores this process may run on."""
+    return sorted(os.sched_getaffinity(0))
+
+
+class Lease:
+    """Cores held until :meth:`release` (or the end of a ``with`` block, or the holder's death)."""
+
+    def __init__(self, cores: list[int], files: list[IO]) -> None:
+        self.cores = cores
+        self._files = files
+
+    def release(self) -> None:
+        for f in self._files:
+            f.close()  # closing the file drops its flock
+        self._files = []
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _try(core: int) -> IO | None:
+    f = open(LEASE_DIR / f"core-{core}.lock", "w")  # noqa: SIM115 -- held open: the open file is the lease
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def lease(count: int | None = 1, cores: Iterable[int] | None = None) -> Lease:
+    """Block until ``count`` cores (``None``: all of this machine's) are free, and hold
+    them. ``cores``: the ones to take, when the engine's place is not ours to choose
+    (vLLM's own thread binding puts a lone unpinned worker on the first core)."""
+    every = machine_cores()
+    wanted = list(cores) if cores is not None else every
+    count = len(wanted) if count is None or cores is not None else min(count, len(wanted))
+    LEASE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LEASE_DIR / "queue.lock", "w") as queue:
+        fcntl.flock(queue, fcntl.LOCK_EX)
+        held: dict[int, IO] = {}
+        while True:
+            for core in wanted:
+                if len(held) == count:
+                    break
+                if core not in held and (f := _try(core)) is not None:
+                    held[core] = f
+            if len(held) == count:
+                return Lease(sorted(held), list(held.values()))
+            time.sleep(POLL_S)
