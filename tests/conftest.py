@@ -85,21 +85,36 @@ E2E_GROUPS: dict[str, tuple[str, ...]] = {
     "advise": ("test_advise.py",),
     "batch-schedule": ("test_batch_schedule.py",),
 }
+_GROUP_OF = {name: group for group, names in E2E_GROUPS.items() for name in names}
+_E2E_ORDER = {name: (g, i) for g, names in enumerate(E2E_GROUPS.values()) for i, name in enumerate(names)}
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Everything under ``tests/e2e/`` starts real engines: mark it ``e2e``, so the fast
-    lane (``-m "not e2e"``) leaves it out without each file having to say so; and give
-    it its group and place (:data:`E2E_GROUPS`; a module in no group is a group of its own)."""
-    order = {name: (g, i) for g, (_, names) in enumerate(E2E_GROUPS.items()) for i, name in enumerate(names)}
-    group_of = {name: group for group, names in E2E_GROUPS.items() for name in names}
+    lane (``-m "not e2e"``) leaves it out without each file having to say so; and put
+    the e2e modules in :data:`E2E_GROUPS`' order (xdist hands the groups out in
+    collection order with ``--no-loadscope-reorder``)."""
     for item in items:
         if "e2e" in item.path.parent.parts[-1:]:
             item.add_marker(pytest.mark.e2e)
-            item.add_marker(pytest.mark.xdist_group(group_of.get(item.path.name, item.path.stem)))
-    items.sort(key=lambda item: order.get(item.path.name, (len(E2E_GROUPS), 0)) if item.get_closest_marker("e2e")
-               else (-1, 0))
+    items.sort(key=lambda item: _E2E_ORDER.get(item.path.name, (len(E2E_GROUPS), 0))
+               if item.get_closest_marker("e2e") else (-1, 0))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 -- xdist's types
+    """``--dist loadgroup`` with :data:`E2E_GROUPS` as the groups: each group's tests go to
+    one worker, a module in no group is a group of its own. (xdist's own groups come from
+    ``xdist_group`` marks, which it reads before a conftest can add them.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class E2EGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return _GROUP_OF.get(path.rpartition("/")[2], path)
+
+    return E2EGroups(config, log)
 
 
 @pytest.fixture(scope="module")
