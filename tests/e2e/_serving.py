@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from hetero_harness.cores import lease, machine_cores
+from hetero_harness.cores import lease
 from hetero_harness.server_process import ServerProcess
 
 #: The target's own context (Qwen2.5-Coder-0.5B's), which the servers run at by default.
@@ -28,17 +28,20 @@ def launch(model: str, extra: list[str], log: Path, env: dict[str, str] | None =
     """A `vllm serve` of ``model`` with the tests' common flags (``env`` added to its
     environment), launched without waiting (call ``wait_ready()`` before use), holding
     a lease on ``lease_cores`` cores while it runs (``ServerProcess``): 0 where the
-    module holds the lease (:func:`first_core`)."""
+    module holds the lease (:func:`whole_machine`)."""
     return ServerProcess(model, COMMON + extra, log, env=env, lease_cores=lease_cores).launch()
 
 
 @contextlib.contextmanager
-def first_core() -> Iterator[None]:
-    """Hold the first core (``hetero_harness/cores.py``) for a module whose servers run
-    as vLLM places them by default: its thread binding puts a lone engine's worker on
-    the first core, every server's alike, so another module's engine must not be pinned
-    there meanwhile."""
-    with lease(cores=machine_cores()[:1]):
+def whole_machine() -> Iterator[None]:
+    """Hold every core (``hetero_harness/cores.py``) for a module whose two engines run as
+    vLLM places them by default, so that no other module's engine runs beside them.
+    Not for their cores (vLLM's thread binding puts a lone engine's worker on the first
+    core, both of theirs alike) but for memory: with their compiled graphs, KV cache and
+    a 152k-vocabulary profile run, each took about 9 GiB, and with a Gemma engine of
+    the rules module beside them the kernel's out-of-memory killer took the README
+    server's worker (24 GiB machine)."""
+    with lease(None):
         yield
 
 

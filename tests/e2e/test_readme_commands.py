@@ -9,10 +9,11 @@ cache and the shell's tools). The one variable added is ``HETERO_SPEC_METRICS_DI
 the offline run: where the plugin's worker writes its ``hetero:*`` counters, so that
 the test can read them after the process has exited (it changes nothing else).
 
-The serve block starts first and the offline snippet once the server is up, as a user
-who runs both would: vLLM's thread binding puts both engines' workers on the same core,
-so started side by side their compiles only took turns on it, and one after the other
-the snippet finds the server's compile in vLLM's cache where the two compile keys agree.
+The serve block and the offline snippet run side by side (start-up with vLLM's
+default flags, torch.compile included, is most of each). Started one after the other
+they took as long: the snippet's compile key is not the server's (vLLM keys its compile
+by the whole engine config, and the offline and server defaults differ), so it compiled
+again rather than loading the server's.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from hetero_harness.server_process import stop_group
-from _serving import first_core
+from _serving import whole_machine
 from _user_shell import user_env
 from vllm_hetero_spec.metrics import read_boards
 
@@ -113,9 +114,9 @@ class Served:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _first_core() -> Iterator[None]:
-    """The core the commands' engines run on, held while they do (``_serving.first_core``)."""
-    with first_core():
+def _whole_machine() -> Iterator[None]:
+    """The machine to this module while it runs (``_serving.whole_machine``)."""
+    with whole_machine():
         yield
 
 
@@ -125,7 +126,8 @@ def _serve_selected(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(scope="module")
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """The serve block, launched at once (not yet ready) when a serving test is selected."""
+    """The serve block, launched at once (not yet ready) when a serving test is selected,
+    so that its start-up overlaps the offline snippet's."""
     if not _serve_selected(request):
         yield None
         return
@@ -141,8 +143,6 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def test_offline_snippet_runs_as_pasted(served, tmp_path: Path) -> None:
     """The Python snippet, saved to a file and run with the venv's python from the repo
     root: it exits 0 and prints a RequestOutput with text, and the hetero drafter ran."""
-    if served is not None:
-        served.wait_ready()
     python_block = quick_start()[0]
     assert "/path/to" not in python_block, "the snippet has a placeholder path"
     script = tmp_path / "quick_start.py"

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from transformers import AutoTokenizer
-from _serving import COMMON, COMPILE_CACHED, MAX_MODEL_LEN, chat, complete, first_core, launch, parallel
+from _serving import COMMON, COMPILE_CACHED, MAX_MODEL_LEN, chat, complete, launch, parallel, whole_machine
 
 from hetero_harness.evaluation import default_env
 from hetero_harness.prompts import BRIDGE_STRESS
@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _first_core() -> Iterator[None]:
-    """The core the servers' engines run on, held while they do (``_serving.first_core``)."""
-    with first_core():
+def _whole_machine() -> Iterator[None]:
+    """The machine to this module while it runs (``_serving.whole_machine``)."""
+    with whole_machine():
         yield
 
 
