@@ -127,10 +127,11 @@ class JobProbe:
             out["fallbacks"] = stats.fallbacks
             out["drafter_stats"] = stats.as_metrics()
             out["drafter_raw"] = dataclasses.asdict(stats)
-        budget = getattr(drafter, "budget", None)
+        policy = getattr(drafter, "policy", None)  # StepPolicy: the budget and auto's rule choice
+        budget = getattr(policy, "budget", None)
         if budget is not None:
             out["draft_lengths"] = {str(k): n for k, n in sorted(budget.chosen.items())}
-        rules = getattr(drafter, "rules", None)
+        rules = getattr(policy, "rules", None)
         if rules is not None:
             out["rules_chosen"] = dict(rules.chosen)
             out["rule_rates"] = rules.rates()
