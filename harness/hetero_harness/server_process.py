@@ -41,13 +41,17 @@ class ServerProcess:
     """``vllm serve MODEL ARGS...`` on 127.0.0.1; use as a context manager."""
 
     def __init__(self, model: str, args: list[str], log_path: Path, startup_timeout: float = 600,
-                 env: dict[str, str] | None = None, lease_cores: int | None = 0):
+                 env: dict[str, str] | None = None, lease_cores: int | None = 0, core: int | None = None):
         """``lease_cores``: 0 takes no core lease (``cores.py``; a benchmark, alone on its
         machine); 1 leases a core and runs the whole server there (its process
         affinity: vLLM's own thread binding then puts its worker on that core, and the
         compile key stays the unpinned server's); None leases every core, held until
-        :meth:`stop`, for a server whose engines spread over them."""
+        :meth:`stop`, for a server whose engines spread over them. ``core``: run the
+        whole server on this core, leased by the caller (``lease_cores`` 0)."""
+        if core is not None and lease_cores != 0:
+            raise ValueError("core= is for a core the caller holds: pass lease_cores=0")
         self.lease_cores = lease_cores
+        self.core = core
         self._lease: Lease | None = None
         self.model = model
         self.args = args
@@ -73,7 +77,7 @@ class ServerProcess:
         env = default_env()
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's normal process layout
         env.update(self.env)
-        pin = None
+        pin = None if self.core is None else [self.core]
         if self.lease_cores != 0:
             self._lease = lease(self.lease_cores)
             if self.lease_cores == 1:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hetero_harness.cores import lease
@@ -24,25 +25,32 @@ COMPILE_CACHED = ("saved AOT compiled function", "Directly load AOT compilation"
 
 
 def launch(model: str, extra: list[str], log: Path, env: dict[str, str] | None = None,
-           lease_cores: int | None = 0) -> ServerProcess:
+           lease_cores: int | None = 0, core: int | None = None) -> ServerProcess:
     """A `vllm serve` of ``model`` with the tests' common flags (``env`` added to its
     environment), launched without waiting (call ``wait_ready()`` before use), holding
     a lease on ``lease_cores`` cores while it runs (``ServerProcess``): 0 where the
-    module holds the lease (:func:`whole_machine`)."""
-    return ServerProcess(model, COMMON + extra, log, env=env, lease_cores=lease_cores).launch()
+    module holds the lease (:func:`whole_machine`) and gives the server its ``core``."""
+    return ServerProcess(model, COMMON + extra, log, env=env, lease_cores=lease_cores, core=core).launch()
 
 
 @contextlib.contextmanager
-def whole_machine() -> Iterator[None]:
-    """Hold every core (``hetero_harness/cores.py``) for a module whose two engines run as
-    vLLM places them by default, so that no other module's engine runs beside them.
-    Not for their cores (vLLM's thread binding puts a lone engine's worker on the first
-    core, both of theirs alike) but for memory: with their compiled graphs, KV cache and
-    a 152k-vocabulary profile run, each took about 9 GiB, and with a Gemma engine of
-    the rules module beside them the kernel's out-of-memory killer took the README
-    server's worker (24 GiB machine)."""
-    with lease(None):
-        yield
+def whole_machine() -> Iterator[list[int]]:
+    """Hold every core (``hetero_harness/cores.py``) for a module whose two engines run
+    side by side, so that no other module's engine runs beside them; yields the cores,
+    one for each engine (:func:`pinned`). For memory: with their compiled graphs, KV
+    cache, draft pool and a 152k-vocabulary profile run, each holds about 9-10 GiB, and
+    with a Gemma engine of the rules module beside them the kernel's out-of-memory
+    killer took the README server's worker (24 GiB machine)."""
+    with lease(None) as held:
+        yield held.cores
+
+
+def pinned(core: int) -> Callable[[], None]:
+    """A ``preexec_fn`` running a command on ``core`` alone: the machine's shape, not a
+    setting (no variable or flag changes). Unpinned, vLLM's thread binding puts every
+    lone engine's worker on the first core, so two engines side by side shared one core
+    and left the other to their idle scheduler processes."""
+    return lambda: os.sched_setaffinity(0, {core})
 
 
 def complete(server: ServerProcess, prompt: str, max_tokens: int, stream: bool = False, **extra) -> str:

@@ -10,7 +10,9 @@ the offline run: where the plugin's worker writes its ``hetero:*`` counters, so 
 the test can read them after the process has exited (it changes nothing else).
 
 The serve block and the offline snippet run side by side (start-up with vLLM's
-default flags, torch.compile included, is most of each). Started one after the other
+default flags, torch.compile included, is most of each), each on a core of its own: the
+machine's shape, not a setting (process affinity: no variable or flag changes), where
+vLLM's thread binding had put both workers on the first core. Started one after the other
 they took as long: the snippet's compile key is not the server's (vLLM keys its compile
 by the whole engine config, and the offline and server defaults differ), so it compiled
 again rather than loading the server's.
@@ -34,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from hetero_harness.server_process import stop_group
-from _serving import whole_machine
+from _serving import pinned, whole_machine
 from _user_shell import user_env
 from vllm_hetero_spec.metrics import read_boards
 
@@ -82,11 +84,11 @@ def _port_taken(port: int = 8000) -> bool:
 class Served:
     """The README's serve block, run as pasted (``bash -c``) in a process group of its own."""
 
-    def __init__(self, block: str, log: Path):
+    def __init__(self, block: str, log: Path, core: int):
         self.log_path = log
         self._log = open(log, "w")
         self.proc = subprocess.Popen(["bash", "-c", block], cwd=ROOT, env=user_env(), stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pinned(core))
         self.began = time.monotonic()
         self.ready_s: float | None = None
 
@@ -114,10 +116,11 @@ class Served:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _whole_machine() -> Iterator[None]:
-    """The machine to this module while it runs (``_serving.whole_machine``)."""
-    with whole_machine():
-        yield
+def cores() -> Iterator[list[int]]:
+    """The machine to this module while it runs (``_serving.whole_machine``): the offline
+    run on the first core, the server on the last."""
+    with whole_machine() as held:
+        yield held
 
 
 def _serve_selected(request: pytest.FixtureRequest) -> bool:
@@ -125,7 +128,7 @@ def _serve_selected(request: pytest.FixtureRequest) -> bool:
 
 
 @pytest.fixture(scope="module")
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+def served(request: pytest.FixtureRequest, cores: list[int], tmp_path_factory: pytest.TempPathFactory):
     """The serve block, launched at once (not yet ready) when a serving test is selected,
     so that its start-up overlaps the offline snippet's."""
     if not _serve_selected(request):
@@ -133,14 +136,14 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         return
     if _port_taken():
         pytest.fail("port 8000 is taken: the README's `vllm serve` listens on vLLM's default port; free it first")
-    server = Served(quick_start()[1], tmp_path_factory.mktemp("readme") / "serve.log")
+    server = Served(quick_start()[1], tmp_path_factory.mktemp("readme") / "serve.log", cores[-1])
     try:
         yield server
     finally:
         server.stop()
 
 
-def test_offline_snippet_runs_as_pasted(served, tmp_path: Path) -> None:
+def test_offline_snippet_runs_as_pasted(served, cores: list[int], tmp_path: Path) -> None:
     """The Python snippet, saved to a file and run with the venv's python from the repo
     root: it exits 0 and prints a RequestOutput with text, and the hetero drafter ran."""
     python_block = quick_start()[0]
@@ -151,7 +154,7 @@ def test_offline_snippet_runs_as_pasted(served, tmp_path: Path) -> None:
     boards.mkdir()
     began = time.monotonic()
     proc = subprocess.run([str(PYTHON), str(script)], cwd=ROOT, env=user_env(HETERO_SPEC_METRICS_DIR=str(boards)),
-                          capture_output=True, text=True, timeout=STARTUP_S)
+                          capture_output=True, text=True, timeout=STARTUP_S, preexec_fn=pinned(cores[0]))
     seconds = time.monotonic() - began
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]

@@ -29,24 +29,26 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _whole_machine() -> Iterator[None]:
-    """The machine to this module while it runs (``_serving.whole_machine``)."""
-    with whole_machine():
-        yield
+def cores() -> Iterator[list[int]]:
+    """The machine to this module while it runs (``_serving.whole_machine``): a core for
+    each server."""
+    with whole_machine() as held:
+        yield held
 
 
 @pytest.fixture(scope="module")
-def plain_server(qwen05: str, tmp_path_factory: pytest.TempPathFactory):
-    """A plain `vllm serve` of the target, the reference. Returned launched, not yet
-    ready, so that the hetero server can start beside it; call ``wait_ready()`` before
-    use."""
-    server = launch(qwen05, [], tmp_path_factory.mktemp("serve") / "plain.log")
+def plain_server(cores: list[int], qwen05: str, tmp_path_factory: pytest.TempPathFactory):
+    """A plain `vllm serve` of the target, the reference, on the first core. Returned
+    launched, not yet ready, so that the hetero server can start beside it; call
+    ``wait_ready()`` before use."""
+    server = launch(qwen05, [], tmp_path_factory.mktemp("serve") / "plain.log", core=cores[0])
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def servers(plain_server: ServerProcess, qwen05: str, smollm2: str, tmp_path_factory: pytest.TempPathFactory):
+def servers(cores: list[int], plain_server: ServerProcess, qwen05: str, smollm2: str,
+            tmp_path_factory: pytest.TempPathFactory):
     """The plain server and the documented hetero server, on the same target. The
     shipped config with one key added: a draft-length floor of 1. On this 0.5B target the
     adaptive budget may rightly stop drafting when drafts do not pay (it did on CI's
@@ -60,7 +62,7 @@ def servers(plain_server: ServerProcess, qwen05: str, smollm2: str, tmp_path_fac
     logs = tmp_path_factory.mktemp("serve")
     plain_server.wait_for_log(COMPILE_CACHED)
     spec = {**json.loads((REPO / "configs/hetero.json").read_text()), "min_speculative_tokens": 1}
-    hetero = launch(qwen05, ["--speculative-config", json.dumps(spec)], logs / "hetero.log")
+    hetero = launch(qwen05, ["--speculative-config", json.dumps(spec)], logs / "hetero.log", core=cores[-1])
     try:
         plain_server.wait_ready()
         hetero.wait_ready()
