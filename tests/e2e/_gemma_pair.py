@@ -22,10 +22,11 @@ from hetero_harness.prompts import BRIDGE_STRESS
 #: The cost ledger's line for the target alone's engine (tests/cost_budget.py): shared by
 #: the modules of this pair, it is charged to none of them.
 GEMMA_ALONE = "e2e/conftest.py::gemma_alone"
-#: Sampled rows per configuration (distribution tests, :mod:`_stats`).
-N = 120
-#: The target alone's sampled rows per law: three configurations' worth.
-N_REF = 3 * N
+#: Sampled rows per configuration (distribution tests, :mod:`_stats`; their power:
+#: test_e2e_rules.py's docstring).
+N = 60
+#: The target alone's sampled rows per law: four configurations' worth.
+N_REF = 4 * N
 PROMPT = "My favourite thing about the weekend is"
 FILTERS = {"top_k": 40, "top_p": 0.95}
 GREEDY_TOKENS = 24
