@@ -20,7 +20,7 @@ import fcntl
 import os
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
 
@@ -82,3 +82,12 @@ def lease(count: int | None = 1, cores: Iterable[int] | None = None) -> Lease:
             if len(held) == count:
                 return Lease(sorted(held), list(held.values()))
             time.sleep(POLL_S)
+
+
+def pinned(cores: Iterable[int]) -> Callable[[], None]:
+    """A ``preexec_fn`` running a child on ``cores`` alone: the machine's shape, not a
+    setting (no variable or flag changes). Unpinned, vLLM's thread binding puts every
+    lone engine's worker on the first core, so two engines side by side shared one core
+    and left the other to their idle scheduler processes."""
+    mask = set(cores)
+    return lambda: os.sched_setaffinity(0, mask)

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from hetero_harness.cores import Lease, lease
+from hetero_harness.cores import Lease, lease, pinned
 from hetero_harness.evaluation import default_env
 
 
@@ -84,7 +84,7 @@ class ServerProcess:
                 pin = self._lease.cores
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                     preexec_fn=None if pin is None else lambda: os.sched_setaffinity(0, pin))
+                                     preexec_fn=None if pin is None else pinned(pin))
         self._deadline = time.monotonic() + self.startup_timeout
         return self
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from hetero_harness.cores import lease
@@ -37,20 +36,12 @@ def launch(model: str, extra: list[str], log: Path, env: dict[str, str] | None =
 def whole_machine() -> Iterator[list[int]]:
     """Hold every core (``hetero_harness/cores.py``) for a module whose two engines run
     side by side, so that no other module's engine runs beside them; yields the cores,
-    one for each engine (:func:`pinned`). For memory: with their compiled graphs, KV
+    one for each engine (``cores.pinned``). For memory: with their compiled graphs, KV
     cache, draft pool and a 152k-vocabulary profile run, each holds about 9-10 GiB, and
     with a Gemma engine of the rules module beside them the kernel's out-of-memory
     killer took the README server's worker (24 GiB machine)."""
     with lease(None) as held:
         yield held.cores
-
-
-def pinned(core: int) -> Callable[[], None]:
-    """A ``preexec_fn`` running a command on ``core`` alone: the machine's shape, not a
-    setting (no variable or flag changes). Unpinned, vLLM's thread binding puts every
-    lone engine's worker on the first core, so two engines side by side shared one core
-    and left the other to their idle scheduler processes."""
-    return lambda: os.sched_setaffinity(0, {core})
 
 
 def complete(server: ServerProcess, prompt: str, max_tokens: int, stream: bool = False, **extra) -> str:

@@ -35,8 +35,9 @@ from pathlib import Path
 
 import pytest
 
+from hetero_harness.cores import pinned
 from hetero_harness.server_process import stop_group
-from _serving import pinned, whole_machine
+from _serving import whole_machine
 from _user_shell import user_env
 from vllm_hetero_spec.metrics import read_boards
 
@@ -88,7 +89,7 @@ class Served:
         self.log_path = log
         self._log = open(log, "w")
         self.proc = subprocess.Popen(["bash", "-c", block], cwd=ROOT, env=user_env(), stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pinned(core))
+                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pinned([core]))
         self.began = time.monotonic()
         self.ready_s: float | None = None
 
@@ -154,7 +155,7 @@ def test_offline_snippet_runs_as_pasted(served, cores: list[int], tmp_path: Path
     boards.mkdir()
     began = time.monotonic()
     proc = subprocess.run([str(PYTHON), str(script)], cwd=ROOT, env=user_env(HETERO_SPEC_METRICS_DIR=str(boards)),
-                          capture_output=True, text=True, timeout=STARTUP_S, preexec_fn=pinned(cores[0]))
+                          capture_output=True, text=True, timeout=STARTUP_S, preexec_fn=pinned(cores[:1]))
     seconds = time.monotonic() - began
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
