@@ -59,6 +59,43 @@ def test_fallbacks() -> None:
         assert calls and torch.equal(ours, vllm(logits.clone(), k, p))
 
 
+@pytest.mark.parametrize("vocab", [1000, 262_144])
+def test_rows_without_filters_beside_filtered_ones_need_no_sort(vocab: int) -> None:
+    """Greedy requests come with top-k and top-p reset (k = vocab, p = 1): beside
+    top-k rows they keep what vLLM's sort keeps (every token of nonzero probability;
+    some logits here are 200 below the row's largest, probability 0 in float32), and
+    neither they nor the top-k rows go to the sort."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(8, vocab, generator=gen) * 3
+    logits[:, : vocab // 10] -= 200
+    k = torch.tensor([vocab, 40, vocab, 20, 40, vocab, 40, 5])
+    p = torch.tensor([1.0, 0.9, 1.0, 1.0, 0.95, 1.0, 0.8, 0.5])
+    calls: list[int] = []
+    ours = top_k_top_p_without_sort(logits.clone(), k, p, _fallback_spy(calls))
+    theirs = vllm(logits.clone(), k, p)
+    assert not calls
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
+    assert torch.equal(ours[torch.isfinite(ours)], theirs[torch.isfinite(theirs)])
+    assert not torch.isfinite(ours[0, : vocab // 10]).any()  # the zero-probability tokens, masked as vLLM masks them
+
+
+def test_only_rows_with_top_p_and_no_top_k_go_to_the_sort() -> None:
+    """Without any top-k in the batch (k is None), rows with top-p need vLLM's sort;
+    the unfiltered rows beside them do not, and all keep vLLM's sets."""
+    logits = torch.randn(5, 3000) * 4
+    p = torch.tensor([1.0, 0.9, 1.0, 0.7, 1.0])
+    seen: list[int] = []
+
+    def fallback(x, kk, pp):
+        seen.append(x.shape[0])
+        assert kk is None
+        return vllm(x, kk, pp)
+
+    ours = top_k_top_p_without_sort(logits.clone(), None, p, fallback)
+    assert seen == [2]
+    assert _kept(ours) == _kept(vllm(logits.clone(), None, p))
+
+
 def test_in_place_like_vllm() -> None:
     logits = torch.randn(3, 2000)
     out = top_k_top_p_without_sort(logits, torch.full((3,), 20), torch.full((3,), 0.8), vllm)

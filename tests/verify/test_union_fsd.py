@@ -193,6 +193,8 @@ def test_plan_follows_the_verify_time_batch_order() -> None:
     assert block.q.index.tolist() == [[-1, -1], [-1, 0], [1, -1]]
     assert block.fuzzy.threshold.tolist() == [0.0, 0.0, 0.2]  # an unknown request verifies losslessly
     assert (block.fuzzy.divergence, block.fuzzy.topk) == ("kl", 4)
+    plan.fsd_threshold = {"a": 0.0, "b": 0.0}  # tau = 0 everywhere: the lossless test, no divergence computed
+    assert plan.layout(["c", "b", "a"], [2, 2, 1], 2, cpu).fuzzy is None
     empty = VerifyPlan().layout(["a"], [2], 2, cpu)
     assert (empty.q, empty.force_reject, empty.fuzzy) == (None, None, None)
 

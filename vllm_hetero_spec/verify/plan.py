@@ -105,7 +105,9 @@ class VerifyPlan:
             flags = [(self.force_reject.get(r, []) + [False] * k)[:k] for r in own]
             force = to_device(flags, torch.bool, device)
         fuzzy = None
-        if self.fsd_threshold is not None and q is not None:
-            tau = [self.fsd_threshold.get(r, 0.0) for r in own]
+        tau = [0.0 if self.fsd_threshold is None else self.fsd_threshold.get(r, 0.0) for r in own]
+        # tau = 0 accepts nothing beyond the standard test: the block's divergence, a pass
+        # over [rows, k, vocab], is skipped when no row's tau is above it.
+        if q is not None and any(t > 0 for t in tau):
             fuzzy = FuzzyAcceptance(to_device(tau, torch.float64, device), self.divergence, self.topk)
         return BlockPlan(q, force, fuzzy)

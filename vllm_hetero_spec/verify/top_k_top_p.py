@@ -11,8 +11,15 @@ max k] slice.
 The result is vLLM's: a logit survives top-k when it is at least the row's k-th
 largest (ties at the boundary survive, as in vLLM); top-p then drops the smallest
 survivors while the probability mass below them is at most 1 - p, keeping at least
-one. Rows whose ties would not fit in the slice, a row without top-k, or a top-k
-too large to gain from fall back to vLLM's own function.
+one. Rows whose ties would not fit in the slice, a row with top-p but no top-k, or a
+top-k too large to gain from go to vLLM's own function, those rows alone.
+
+Rows with neither filter are common in a batch that has filtered ones: vLLM resets
+top-k and top-p of every greedy request (``SamplingParams``), so one greedy request
+beside a top-k one used to send the whole batch to the full sort. On such a row vLLM's
+sort masks only the tokens of probability exactly 0 (the cumulative mass below them
+is 0 <= 1 - p); one softmax finds them (its sum runs in index order, not sorted
+order, so a token whose probability is a float32 denormal may round the other way).
 
 Top-p's cut is vLLM's only where vLLM's sort cannot place it elsewhere, so two kinds
 of row are handed to vLLM's own function, on the same logits:
@@ -25,6 +32,7 @@ of row are handed to vLLM's own function, on the same logits:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -43,16 +51,41 @@ def top_k_top_p_without_sort(
     """``logits`` [rows, vocab] masked to -inf outside top-k then top-p (in place, like
     vLLM's); ``k`` [rows] integer, ``p`` [rows] float; ``fallback`` is vLLM's function.
 
-    Host syncs: three (the largest k, whether boundary ties overflow the slice, whether
-    a row's top-p cut is fragile), as vLLM's own CPU top-k path makes; only used where
-    vLLM itself runs without Triton."""
-    if k is None or p is None or logits.shape[0] == 0:
-        return fallback(logits, k, p)
+    Each row takes the cheapest path that gives vLLM's mask: a top-k slice, one softmax
+    (neither filter), or vLLM's own sort. Host syncs: one to sort the rows into paths,
+    then the slice's three (the largest k, whether boundary ties overflow the slice,
+    whether a row's top-p cut is fragile), as vLLM's own CPU top-k path makes; only used
+    where vLLM itself runs without Triton."""
+    if p is None or logits.shape[0] == 0:
+        return fallback(logits, k, p)  # top-k alone: vLLM's path needs no sort
     vocab = logits.shape[-1]
-    k = k.to(torch.long)
+    k_rows = torch.full_like(p, vocab, dtype=torch.long) if k is None else k.to(torch.long)
+    sliced = (k_rows >= 1) & (k_rows <= _MAX_SHARE * vocab)  # [rows]
+    unfiltered = (k_rows >= vocab) & (p >= 1)  # [rows]
+    path = torch.where(sliced, 0, torch.where(unfiltered, 1, 2)).tolist()
+    if all(x == 0 for x in path):
+        return _top_k_slice(logits, k_rows, p, fallback)
+
+    def sorted_rows(x: torch.Tensor, kk: torch.Tensor, pp: torch.Tensor) -> torch.Tensor:
+        return fallback(x, None if k is None else kk, pp)
+
+    for kind, apply in enumerate((functools.partial(_top_k_slice, fallback=fallback), _zero_mass, sorted_rows)):
+        rows = [r for r, x in enumerate(path) if x == kind]
+        if rows:
+            index = torch.tensor(rows, device=logits.device)
+            logits[index] = apply(logits[index], k_rows[index], p[index])  # indexing copies the rows
+    return logits
+
+
+def _zero_mass(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Rows with neither filter: vLLM's sort masks the tokens of probability 0."""
+    return logits.masked_fill_(logits.softmax(dim=-1) == 0, float("-inf"))
+
+
+def _top_k_slice(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor, fallback: TopKTopP) -> torch.Tensor:
+    """Rows whose top-k is a small share of the vocabulary: top-p on a [rows, max k]
+    slice of one partial top-k."""
     k_max = int(k.max())
-    if k_max > _MAX_SHARE * vocab or int(k.min()) < 1:
-        return fallback(logits, k, p)
     # One more than the slice holds: more than k_max logits are >= a row's k-th largest
     # exactly when its (k_max + 1)-th largest is, so boundary ties that would overflow
     # the slice show here, without a pass over the whole vocabulary.

@@ -3,7 +3,9 @@ Triton, where one native kernel returns garbage and top-p sorts whole vocabulari
 
 Patches ``vllm.v1.sample.rejection_sampler`` (``expand_batch_to_tokens``,
 ``apply_top_k_top_p``); both are looked up there at call time, by vLLM's sampler and
-ours (``verify/target_constraints.py``).
+ours (``verify/target_constraints.py``). A hetero engine's own sampler (bonus tokens,
+undrafted steps) filters without a sort too (:func:`filter_without_sort`): that one
+instance, not vLLM's module, so plain engines keep vLLM's code.
 """
 
 from __future__ import annotations
@@ -61,3 +63,35 @@ def patch_verification_top_k_top_p() -> None:
 
     patch(rejection_sampler, "apply_top_k_top_p", apply_top_k_top_p, patch_verification_top_k_top_p.__doc__,
           checked_on=("0.32.0",))
+
+
+class _UnsortedTopKTopP(torch.nn.Module):
+    """vLLM's ``TopKTopPSampler`` whose top-k/top-p on CPU is
+    ``verify/top_k_top_p.py``'s (vLLM's masks, without sorting the vocabulary); the
+    sampling itself (Gumbel-max, per-request generators, processed logprobs) stays
+    vLLM's, handed the filtered logits and no filter."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, logits: torch.Tensor, generators: dict[int, torch.Generator], k: torch.Tensor | None,
+                p: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if logits.device.type == "cpu" and p is not None:
+            from vllm.v1.sample.ops import topk_topp_sampler
+
+            from vllm_hetero_spec.verify.top_k_top_p import top_k_top_p_without_sort
+
+            logits = top_k_top_p_without_sort(logits, k, p, topk_topp_sampler.apply_top_k_top_p)
+            k = p = None
+        return self.inner(logits, generators, k, p)
+
+
+def filter_without_sort(sampler: torch.nn.Module) -> None:
+    """Why: a hetero engine samples a bonus token per request each step with vLLM's
+    ``Sampler``, whose CPU path sorts every row over the vocabulary when any request has
+    top-p (a greedy request beside it included: Gemma-3's 262k-token rows cost more than
+    the draft's forwards). Wraps that sampler's ``topk_topp_sampler`` (checked on vLLM
+    0.32.0's ``Sampler.sample``, which calls it after temperature and the argmax-invariant
+    processors, as ``(logits, generators, k, p)``)."""
+    sampler.topk_topp_sampler = _UnsortedTopKTopP(sampler.topk_topp_sampler)

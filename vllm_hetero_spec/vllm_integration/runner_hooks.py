@@ -21,6 +21,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from vllm_hetero_spec.vllm_integration.cpu_fixes import filter_without_sort
 from vllm_hetero_spec.vllm_integration.patching import patch
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ def _init_hook(init: Method, ours: DrafterOf) -> Method:
         drafter = ours(self)
         if drafter is not None:
             drafter.attach_runner(self)
+            filter_without_sort(self.sampler)
             self.rejection_sampler = HeteroRejectionSampler(
                 self.sampler, self.speculative_config, self.device, batch_rows=lambda: batch_rows(self.input_batch),
                 fsd=drafter.divergence,
