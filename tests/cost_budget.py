@@ -54,9 +54,9 @@ BUDGET: dict[str, Budget] = {
     "e2e/test_serving.py": Budget(compiled=2, serve=2),
     # One data-parallel server of the Gemma pair: two engines, eager.
     "e2e/test_serving_scale.py": Budget(eager=2, serve=1),
-    # TP = 2 with the drafter in process, and with it in a Ray actor.
-    "e2e/test_tensor_parallel.py": Budget(eager=2),
+    # TP = 2 with the drafter in process (in a Ray actor: given up, the module's docstring).
+    "e2e/test_tensor_parallel.py": Budget(eager=1),
 }
 
 #: The whole e2e pass (docs/testing.md, "Where the time goes": what these counts cost).
-TOTAL = Budget(compiled=4, eager=15, serve=4, rows=1140)
+TOTAL = Budget(compiled=4, eager=14, serve=4, rows=1140)

@@ -21,6 +21,20 @@ MAX_MODEL_LEN = 32768
 COMMON = ["--dtype", "float32"]
 #: vLLM's log lines for a compiled target written to, or read from, its compile cache.
 COMPILE_CACHED = ("saved AOT compiled function", "Directly load AOT compilation")
+#: Whether a server on these flags has been ready in this process (the README module's,
+#: which runs first in its lane): its target's compile is then in vLLM's cache.
+_target_compiled = False
+
+
+def note_target_compiled() -> None:
+    """A server on the README server's flags is ready: its target's compile is cached."""
+    global _target_compiled
+    _target_compiled = True
+
+
+def target_compiled() -> bool:
+    """Whether :func:`note_target_compiled` was called in this process."""
+    return _target_compiled
 
 
 def launch(model: str, extra: list[str], log: Path, env: dict[str, str] | None = None,

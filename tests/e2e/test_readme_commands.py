@@ -15,7 +15,9 @@ machine's shape, not a setting (process affinity: no variable or flag changes), 
 vLLM's thread binding had put both workers on the first core. Started one after the other
 they took as long: the snippet's compile key is not the server's (vLLM keys its compile
 by the whole engine config, and the offline and server defaults differ), so it compiled
-again rather than loading the server's.
+again rather than loading the server's. Both start with the module, and the serve
+block's requests run while the snippet is still starting: the server is ready first,
+and it had sat idle, one core with it, until the snippet's test ended.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import pytest
 
 from hetero_harness.cores import pinned
 from hetero_harness.server_process import stop_group
-from _serving import whole_machine
+from _serving import note_target_compiled, whole_machine
 from _user_shell import user_env
 from vllm_hetero_spec.metrics import read_boards
 
@@ -103,6 +105,7 @@ class Served:
             try:
                 if _get("/health")[0] == 200:
                     self.ready_s = time.monotonic() - self.began
+                    note_target_compiled()
                     return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
@@ -130,8 +133,10 @@ def _serve_selected(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(scope="module")
 def served(request: pytest.FixtureRequest, cores: list[int], tmp_path_factory: pytest.TempPathFactory):
-    """The serve block, launched at once (not yet ready) when a serving test is selected,
-    so that its start-up overlaps the offline snippet's."""
+    """The serve block, launched at once (not yet ready) when a serving test is selected;
+    the offline snippet, when selected, starts beside it."""
+    if any(item.module is request.module and "offline" in item.name for item in request.session.items):
+        request.getfixturevalue("offline")
     if not _serve_selected(request):
         yield None
         return
@@ -144,33 +149,49 @@ def served(request: pytest.FixtureRequest, cores: list[int], tmp_path_factory: p
         server.stop()
 
 
-def test_offline_snippet_runs_as_pasted(served, cores: list[int], tmp_path: Path) -> None:
-    """The Python snippet, saved to a file and run with the venv's python from the repo
-    root: it exits 0 and prints a RequestOutput with text, and the hetero drafter ran."""
+class Offline:
+    """The README's Python snippet, saved to a file and started with the venv's python
+    from the repo root, in the background: :meth:`wait` for its exit."""
+
+    def __init__(self, block: str, folder: Path, core: int):
+        self.script = folder / "quick_start.py"
+        self.script.write_text(block)
+        self.boards = folder / "metrics"
+        self.boards.mkdir()
+        self.log_path = folder / "offline.log"
+        self._log = open(self.log_path, "w+")
+        self.began = time.monotonic()
+        self.proc = subprocess.Popen([str(PYTHON), str(self.script)], cwd=ROOT,
+                                     env=user_env(HETERO_SPEC_METRICS_DIR=str(self.boards)), stdout=self._log,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                     preexec_fn=pinned([core]))
+
+    def wait(self) -> tuple[int, str, float]:
+        """Exit status, output, and seconds from start to exit."""
+        try:
+            returncode = self.proc.wait(timeout=max(1.0, STARTUP_S - (time.monotonic() - self.began)))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"the offline snippet ran past {STARTUP_S} s:\n{self.log_path.read_text()[-6000:]}")
+        seconds = time.monotonic() - self.began
+        self._log.seek(0)
+        return returncode, self._log.read(), seconds
+
+    def stop(self) -> None:
+        stop_group(self.proc, ((signal.SIGTERM, 15),))
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def offline(request: pytest.FixtureRequest, cores: list[int], tmp_path_factory: pytest.TempPathFactory):
+    """The offline snippet, started with the module (beside the serve block) on the first core."""
     python_block = quick_start()[0]
     assert "/path/to" not in python_block, "the snippet has a placeholder path"
-    script = tmp_path / "quick_start.py"
-    script.write_text(python_block)
-    boards = tmp_path / "metrics"
-    boards.mkdir()
-    began = time.monotonic()
-    proc = subprocess.run([str(PYTHON), str(script)], cwd=ROOT, env=user_env(HETERO_SPEC_METRICS_DIR=str(boards)),
-                          capture_output=True, text=True, timeout=STARTUP_S, preexec_fn=pinned(cores[:1]))
-    seconds = time.monotonic() - began
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-6000:]
-    found = re.search(r"CompletionOutput\(index=0, text=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")", proc.stdout)
-    assert found, f"no RequestOutput printed:\n{proc.stdout[-3000:]}"
-    assert ast.literal_eval(found.group(1)).strip(), "the generated text is empty"
-    # The proposer's own line, logged where vLLM built it (the worker process).
-    assert re.search(r"hetero spec: algorithm=auto .* k=4 draft=\S*smollm2-135m", log), \
-        "no hetero proposer in the log:\n" + log[-3000:]
-    workers = [values for _, values in read_boards(boards)]
-    assert len(workers) == 1, workers
-    # The drafter really ran: steps planned and target tokens proposed to the verifier.
-    assert workers[0]["steps"] > 0 and workers[0]["proposed_tokens"] > 0, workers[0]
-    assert workers[0]["fallbacks"] == 0, workers[0]
-    print(f"offline snippet: {seconds:.0f} s")
+    run = Offline(python_block, tmp_path_factory.mktemp("offline"), cores[0])
+    try:
+        yield run
+    finally:
+        run.stop()
 
 
 SCHEMA = {
@@ -233,3 +254,22 @@ def test_serve_block_runs_as_pasted(served: Served) -> None:
     assert total("hetero:steps_total") > 0, "our proposer never ran"
     assert total("vllm:spec_decode_num_accepted_tokens_total") > 0, "no draft token was accepted"
     print(f"serve block: healthy after {served.ready_s:.0f} s", file=sys.stderr)
+
+
+def test_offline_snippet_runs_as_pasted(served, offline: Offline) -> None:
+    """The Python snippet exits 0 and prints a RequestOutput with text, and the hetero
+    drafter ran."""
+    returncode, log, seconds = offline.wait()
+    assert returncode == 0, log[-6000:]
+    found = re.search(r"CompletionOutput\(index=0, text=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")", log)
+    assert found, f"no RequestOutput printed:\n{log[-3000:]}"
+    assert ast.literal_eval(found.group(1)).strip(), "the generated text is empty"
+    # The proposer's own line, logged where vLLM built it (the worker process).
+    assert re.search(r"hetero spec: algorithm=auto .* k=4 draft=\S*smollm2-135m", log), \
+        "no hetero proposer in the log:\n" + log[-3000:]
+    workers = [values for _, values in read_boards(offline.boards)]
+    assert len(workers) == 1, workers
+    # The drafter really ran: steps planned and target tokens proposed to the verifier.
+    assert workers[0]["steps"] > 0 and workers[0]["proposed_tokens"] > 0, workers[0]
+    assert workers[0]["fallbacks"] == 0, workers[0]
+    print(f"offline snippet: {seconds:.0f} s")
