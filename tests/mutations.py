@@ -43,6 +43,20 @@ MUTATIONS = [
         ("tests/verify/test_top_k_top_p.py", "-k", "ties"),
     ),
     Mutation(
+        "zero-mass", "a row without top-k and top-p keeps tokens of probability 0, which vLLM's sort masks",
+        "vllm_hetero_spec/verify/top_k_top_p.py",
+        '    return logits.masked_fill_(logits.softmax(dim=-1) == 0, float("-inf"))',
+        "    return logits",
+        ("tests/verify/test_top_k_top_p.py", "-k", "without_filters"),
+    ),
+    Mutation(
+        "bonus-unfiltered", "a hetero engine's own sampler drops top-k and top-p instead of applying them",
+        "vllm_hetero_spec/vllm_integration/cpu_fixes.py",
+        "            logits = top_k_top_p_without_sort(logits, k, p, topk_topp_sampler.apply_top_k_top_p)\n",
+        "",
+        ("tests/plugin/test_sampler_filter.py",),
+    ),
+    Mutation(
         "M9", "the sampler adapter skips vLLM's temperature/top-k/top-p on p",
         "vllm_hetero_spec/verify/sampler.py",
         "target_logits = constrain(target_logits, metadata.cu_num_draft_tokens, sampling_metadata, min_p)",
