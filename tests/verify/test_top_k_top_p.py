@@ -21,6 +21,12 @@ def _fallback_spy(calls: list[int]):
     return fallback
 
 
+def _assert_same_masks(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    """The same tokens kept, with the same logits."""
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
+    assert torch.equal(ours[torch.isfinite(ours)], theirs[torch.isfinite(theirs)])
+
+
 @pytest.mark.parametrize("vocab", [1000, 50_000])
 def test_same_masks_as_vllm(vocab: int) -> None:
     gen = torch.Generator().manual_seed(vocab)
@@ -33,8 +39,7 @@ def test_same_masks_as_vllm(vocab: int) -> None:
     ours = top_k_top_p_without_sort(logits.clone(), k, p, _fallback_spy(calls))
     theirs = vllm(logits.clone(), k, p)
     assert not calls  # the partial path ran
-    assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
-    assert torch.equal(ours[torch.isfinite(ours)], theirs[torch.isfinite(theirs)])
+    _assert_same_masks(ours, theirs)
     assert (torch.isfinite(ours).sum(-1) <= k).all() and (torch.isfinite(ours).sum(-1) >= 1).all()
 
 
@@ -74,8 +79,7 @@ def test_rows_without_filters_beside_filtered_ones_need_no_sort(vocab: int) -> N
     ours = top_k_top_p_without_sort(logits.clone(), k, p, _fallback_spy(calls))
     theirs = vllm(logits.clone(), k, p)
     assert not calls
-    assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
-    assert torch.equal(ours[torch.isfinite(ours)], theirs[torch.isfinite(theirs)])
+    _assert_same_masks(ours, theirs)
     assert not torch.isfinite(ours[0, : vocab // 10]).any()  # the zero-probability tokens, masked as vLLM masks them
 
 
@@ -110,8 +114,7 @@ def test_ties_that_fit_another_rows_larger_slice_take_the_partial_path() -> None
     ours = top_k_top_p_without_sort(logits.clone(), k, p, _fallback_spy(calls))
     theirs = vllm(logits.clone(), k, p)
     assert not calls
-    assert torch.equal(torch.isfinite(ours), torch.isfinite(theirs))
-    assert torch.equal(ours[torch.isfinite(ours)], theirs[torch.isfinite(theirs)])
+    _assert_same_masks(ours, theirs)
 
 
 def _kept(logits: torch.Tensor) -> list[set[int]]:
