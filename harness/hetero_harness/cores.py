@@ -19,13 +19,37 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
 
 LEASE_DIR = Path(tempfile.gettempdir()) / "vllm_hetero_spec_cores"
 POLL_S = 0.2
+TRACE_ENV = "HETERO_LEASE_TRACE"
+#: Leases held per thread (:func:`held_by_this_thread`).
+_HELD: Counter[int] = Counter()
+_HELD_LOCK = threading.Lock()
+
+
+def _trace(event: str, cores: Iterable[int]) -> None:
+    """With ``HETERO_LEASE_TRACE=path``, one line per lease event (time, event, cores,
+    the test asking): the e2e pass's timeline, to see where a lane waited."""
+    path = os.environ.get(TRACE_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.time():.1f} {os.getpid()} {event} {','.join(map(str, cores))} "
+                    f"{os.environ.get('PYTEST_CURRENT_TEST', '-').split(' ')[0]}\n")
+
+
+def held_by_this_thread() -> int:
+    """How many leases this thread holds: a thread that holds one must not wait on
+    anything another lease holder may wait for (the suite's shared results), or the two
+    wait on each other."""
+    with _HELD_LOCK:
+        return _HELD[threading.get_ident()]
 
 
 def machine_cores() -> list[int]:
@@ -39,8 +63,15 @@ class Lease:
     def __init__(self, cores: list[int], files: list[IO]) -> None:
         self.cores = cores
         self._files = files
+        self._thread = threading.get_ident()
+        with _HELD_LOCK:
+            _HELD[self._thread] += 1
 
     def release(self) -> None:
+        if self._files:
+            _trace("release", self.cores)
+            with _HELD_LOCK:
+                _HELD[self._thread] -= 1
         for f in self._files:
             f.close()  # closing the file drops its flock
         self._files = []
@@ -71,6 +102,7 @@ def lease(count: int | None = 1, cores: Iterable[int] | None = None) -> Lease:
     count = len(wanted) if count is None or cores is not None else min(count, len(wanted))
     LEASE_DIR.mkdir(parents=True, exist_ok=True)
     with open(LEASE_DIR / "queue.lock", "w") as queue:
+        _trace("ask", wanted[:count])
         fcntl.flock(queue, fcntl.LOCK_EX)
         held: dict[int, IO] = {}
         while True:
@@ -80,6 +112,7 @@ def lease(count: int | None = 1, cores: Iterable[int] | None = None) -> Lease:
                 if core not in held and (f := _try(core)) is not None:
                     held[core] = f
             if len(held) == count:
+                _trace("take", sorted(held))
                 return Lease(sorted(held), list(held.values()))
             time.sleep(POLL_S)
 

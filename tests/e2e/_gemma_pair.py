@@ -22,6 +22,12 @@ from hetero_harness.prompts import BRIDGE_STRESS
 #: The cost ledger's line for the target alone's engine (tests/cost_budget.py): shared by
 #: the modules of this pair, it is charged to none of them.
 GEMMA_ALONE = "e2e/conftest.py::gemma_alone"
+#: The pair's engines run in process, an extra configuration like their enforce_eager:
+#: what they show (each rule's exactness) does not depend on the process layout, and the
+#: engine core's own process, sharing its pinned core with the caller, made every engine
+#: slower. vLLM's default layout runs the shipped config in test_serving.py and
+#: test_readme_commands.py.
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 #: Sampled rows per configuration (distribution tests, :mod:`_stats`; their power:
 #: test_e2e_rules.py's docstring).
 N = 60

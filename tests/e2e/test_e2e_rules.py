@@ -36,21 +36,17 @@ outputs load no vLLM tokenizer: Gemma-3's 262k-token tokenizer cost an engine ab
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
-from _gemma_pair import (GEMMA_ALONE, GREEDY, GREEDY_TOKENS, JSON, SAMPLED, SEEDED, SEEDED_TOKENS, SEEDS, Group,
+from _gemma_pair import (GREEDY, GREEDY_TOKENS, IN_PROCESS, JSON, SAMPLED, SEEDED, SEEDED_TOKENS, SEEDS, Group,
                          Rows, job, prompts, split)
 from hetero_harness.evaluation import run_isolated_many, unwrap
 from hetero_harness.prompts import BRIDGE_STRESS
 
 from _stats import two_sample_pvalue
 
-# The engines run in process, an extra configuration like their enforce_eager: what this
-# module shows (each rule's exactness) does not depend on the process layout, and the
-# engine core's own process, sharing its pinned core with the caller, made every engine
-# here slower. vLLM's default layout runs the shipped config in test_serving.py and
-# test_readme_commands.py.
-IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 MIXED = "auto-mixed"
 # fsd drafts with its output layer over SmolLM2's 16384 most frequent tokens: a q that is 0
@@ -113,15 +109,13 @@ def runs(selected_params, gemma: str, smollm2: str, count_rows, gemma_alone) -> 
                 "method": "hetero", "model": smollm2, "num_speculative_tokens": 3, "draft_budget": "fixed", **spec},
                 SOLO_CASES), groups)
     count_rows(sum(g.count for _, groups in jobs.values() for _, _, g in groups if not g.greedy and not g.seeded))
-    batch = {name: spec_job for name, (spec_job, _) in jobs.items()}
-    if gemma_alone.job() is not None:
-        batch["target"] = gemma_alone.job()
-    order = sorted(batch, key=lambda name: -len(batch[name]["prompts"]))
-    results = dict(zip(order, run_isolated_many([batch[name] for name in order], env=IN_PROCESS,
-                                                 charges=[GEMMA_ALONE if name == "target" else None for name in order])))
-    if "target" in results:
-        gemma_alone.keep(results.pop("target"))
-    out: dict[str, dict[str, dict | Exception]] = {"target": gemma_alone.results()}
+    order = sorted(jobs, key=lambda name: -len(jobs[name][0]["prompts"]))
+    # The target alone beside this module's engines (unless another module ran it first):
+    # its thread holds no lease while it waits for the run-wide result.
+    with ThreadPoolExecutor(1) as alone:
+        target = alone.submit(gemma_alone.results)
+        results = dict(zip(order, run_isolated_many([jobs[name][0] for name in order], env=IN_PROCESS)))
+        out: dict[str, dict[str, dict | Exception]] = {"target": target.result()}
     for name, result in results.items():
         out.update(split(result, jobs[name][1], ids, jobs[name][0]["solo"]))
     return out

@@ -63,11 +63,11 @@ def test_dp2_bounded_pool_server_identical_to_target_alone_and_drafts(gemma: str
     # is tested on drafted steps wherever the budget would judge drafting not worth it.
     spec = {"method": "hetero", "model": UPSTREAM_IDS["smollm2-135m"], "num_speculative_tokens": 4,
             "algorithm": "tli", "min_speculative_tokens": 1, "draft_kv_pool_mb": POOL_MB}
+    want = unwrap(gemma_alone.results()[LONG_GREEDY.name])["token_ids"]  # before the server takes the cores
     dp = launch(UPSTREAM_IDS["gemma3-270m"], ["--data-parallel-size", "2", "--enforce-eager", "--max-model-len", "4096",
                                               "--speculative-config", json.dumps(spec)],
                 tmp_path / "dp2.log", env=offline_env(hub_home), lease_cores=None)
     try:
-        want = unwrap(gemma_alone.results()[LONG_GREEDY.name])["token_ids"]
         ids = group_prompts(LONG_GREEDY, prompts(gemma))
         dp.wait_ready()
         peak = 0.0
