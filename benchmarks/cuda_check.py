@@ -37,7 +37,6 @@ Writes ``cuda_check.{json,md}`` to ``--out`` (default ``benchmarks/results``), t
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import platform
 import statistics
 import sys
@@ -54,6 +53,7 @@ import gpu_engine_check  # noqa: E402
 from _stats import follows_pvalue  # noqa: E402
 from report import results_dir, write_report  # noqa: E402
 
+from vllm_hetero_spec.pin import SUPPORTED_VERSIONS, installed_release  # noqa: E402
 from vllm_hetero_spec.drafter.sampling import SamplingRows, processed_probs, sample  # noqa: E402
 from vllm_hetero_spec.drafter.rules.mapped_sampling import TOKEN_LEVEL, draft_step  # noqa: E402
 from vllm_hetero_spec.verify.draft_probs import DraftProbs  # noqa: E402
@@ -354,8 +354,9 @@ def refusal(args: argparse.Namespace) -> str | None:
     if not torch.cuda.is_available():
         return (f"no CUDA device here (torch {torch.__version__}): this check runs on an NVIDIA GPU. "
                 "`--dry-run` shows what it would run; `--device cpu --no-engine` runs the tensor checks on the CPU.")
-    if not args.no_engine and importlib.util.find_spec("vllm") is None:
-        return "the engine stage needs vLLM's CUDA build (pip install vllm==0.32.0); or add --no-engine"
+    if not args.no_engine and installed_release() not in SUPPORTED_VERSIONS:
+        return (f"the engine stage needs the CUDA build of vLLM {' or '.join(SUPPORTED_VERSIONS)}, found "
+                f"{installed_release() or 'none'} (pip install 'vllm>=0.32.0,<0.34'); or add --no-engine")
     return None
 
 
@@ -380,7 +381,8 @@ def main(argv: list[str] | None = None) -> dict:
     inter = intersection(DRAFT_V, TARGET_V)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})"
     result = {
-        "device": name, "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M"),
+        "device": name, "torch": torch.__version__, "vllm": None if args.no_engine else installed_release(),
+        "when": time.strftime("%Y-%m-%d %H:%M"),
         "agreement": check_agreement(device, inter, args.seeds),
         "no_sync": check_no_sync(device, inter),
         "lossless": check_lossless(device, args.samples),
@@ -394,6 +396,8 @@ def main(argv: list[str] | None = None) -> dict:
         text_parts = gpu_engine_check.markdown(result["engine"])
     result["ok"] = all(result[part]["ok"] for part in parts)
     text = markdown(result) + "".join(line + "\n" for line in text_parts)
+    if result["vllm"]:
+        text += f"\nThe engine stage ran on vLLM {result['vllm']}.\n"
     write_report("cuda_check", result, text, out=args.out, indent=1)
     print(text)
     return result

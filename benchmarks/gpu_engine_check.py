@@ -41,7 +41,7 @@ SPEC = {"method": "hetero", "model": DRAFTER, "num_speculative_tokens": 4, "algo
 
 NEEDS = [
     "an NVIDIA GPU (CUDA) with about 6 GiB free",
-    "vLLM 0.32.0's CUDA build, with FlashInfer (`pip install vllm==0.32.0 flashinfer-python`)",
+    "vLLM 0.32.0's or 0.33.0's CUDA build, with FlashInfer (`pip install 'vllm>=0.32.0,<0.34' flashinfer-python`)",
     "this plugin and the harness installed (`pip install -e . -e harness`)",
     f"the models converted once (`python -m hetero_harness.models {TARGET} {DRAFTER}`)",
 ]

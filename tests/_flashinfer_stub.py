@@ -66,6 +66,10 @@ def install() -> type:
     decode.fast_decode_plan = decode.trtllm_batch_decode_with_kv_cache = _unavailable
     prefill.trtllm_batch_context_with_kv_cache = _unavailable
     utils.FP4Tensor = type("FP4Tensor", (), {})
+    # vLLM 0.33.0's builder sizes a counter buffer of its TRT-LLM path with these at
+    # start-up: an H100's SM count, and a small buffer.
+    utils.get_device_sm_count = lambda device: 132
+    utils.get_trtllm_gen_multi_ctas_kv_counter_bytes = lambda *args: 4096
     for module in (decode, prefill, utils):
         module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
     for module in (root, decode, prefill, utils):

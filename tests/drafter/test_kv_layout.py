@@ -18,7 +18,10 @@ from vllm.config import CacheConfig
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
 from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
-from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
+try:  # vLLM 0.33.0 moved it
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+except ImportError:  # 0.32.0
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
 from vllm.v1.worker.utils import allocate_kv_cache
 

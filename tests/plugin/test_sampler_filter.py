@@ -2,7 +2,6 @@
 without a sort and samples exactly what vLLM's sampler samples."""
 
 import torch
-import vllm._C  # noqa: F401 -- the CPU build's sampling kernels (fused_gumbel_argmax)
 from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 
 from vllm_hetero_spec.vllm_integration.cpu_fixes import filter_without_sort
@@ -18,6 +17,8 @@ def test_same_tokens_as_vllms_sampler_in_a_batch_with_greedy_rows() -> None:
     """Rows as vLLM passes them after temperature: greedy requests with k = vocab and
     p = 1 beside top-k/top-p ones, seeded and unseeded; the same tokens, draw after draw,
     and vLLM's sort never runs."""
+    import vllm._C  # noqa: F401 -- the CPU build's sampling kernels (fused_gumbel_argmax)
+
     vocab, rows = 50_000, 12
     gen = torch.Generator().manual_seed(1)
     k = torch.tensor([vocab, 40, 40, vocab, 20, 40, vocab, 5, 40, 40, vocab, 40])

@@ -42,7 +42,9 @@ def installed():
 
 @pytest.fixture(scope="module")
 def targets(installed):
-    return report.all_targets(installed, report.static_patch_targets(tree=installed))
+    # The patches of the installed release (the trees compared here are all copies of it).
+    return report.all_targets(installed, report.static_patch_targets(tree=installed,
+                                                                     versions=[report.installed_vllm()[1]]))
 
 
 @pytest.fixture(scope="module")

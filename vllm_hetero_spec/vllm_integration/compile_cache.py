@@ -29,8 +29,9 @@ def patch_aot_compile_load() -> None:
     a large part of its start-up on a CPU (docs/testing.md, "Where the time goes"). A
     loaded inductor
     function is complete, so it gets a ``finalize_loading`` that does nothing. Targets
-    torch 2.13's ``torch._dynamo.aot_compile_types``, as vLLM 0.32.0 loads through it;
-    vLLM's own functions already have the method and are left as they are."""
+    torch's ``torch._dynamo.aot_compile_types``, the same module in torch 2.13 (vLLM
+    0.32.0) and 2.14 (vLLM 0.33.0); vLLM's own functions already have the method and
+    are left as they are."""
     from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
 
     original = Bundled.deserialize_compile_artifacts.__func__
@@ -42,7 +43,7 @@ def patch_aot_compile_load() -> None:
         return fn
 
     patch(Bundled, "deserialize_compile_artifacts", classmethod(deserialize_compile_artifacts),
-          patch_aot_compile_load.__doc__, checked_on=("0.32.0",))
+          patch_aot_compile_load.__doc__, checked_on=("0.32.0", "0.33.0"))
 
 
 def _finalized(vllm_config: Any) -> None:
@@ -93,7 +94,7 @@ def patch_shared_inductor_cache() -> None:
         return original(model, aot_compilation_path)
 
     patch(decorators, "_try_load_aot_compiled_fn", _try_load_aot_compiled_fn, patch_shared_inductor_cache.__doc__,
-          checked_on=("0.32.0",))
+          checked_on=("0.32.0", "0.33.0"))
 
 
 def compile_key_config(vllm_config: Any) -> Any:
@@ -141,4 +142,4 @@ def patch_target_compile_key() -> None:
         return original(compile_key_config(vllm_config))
 
     patch(caching, "aot_compile_hash_factors", aot_compile_hash_factors, patch_target_compile_key.__doc__,
-          checked_on=("0.32.0",))
+          checked_on=("0.32.0", "0.33.0"))

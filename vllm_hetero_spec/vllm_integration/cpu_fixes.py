@@ -11,6 +11,7 @@ instance, not vLLM's module, so plain engines keep vLLM's code.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -37,7 +38,7 @@ def patch_expand_kernel() -> None:
     from vllm.v1.sample import rejection_sampler
 
     patch(rejection_sampler, "expand_batch_to_tokens", expand_batch_to_tokens, expand_batch_to_tokens.__doc__,
-          checked_on=("0.32.0",))
+          checked_on=("0.32.0", "0.33.0"))
 
 
 def patch_verification_top_k_top_p() -> None:
@@ -56,13 +57,16 @@ def patch_verification_top_k_top_p() -> None:
     original = rejection_sampler.apply_top_k_top_p
 
     @functools.wraps(original)
-    def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
+                          **hints: Any) -> torch.Tensor:
+        # ``hints``: 0.33.0's ``has_topp_only_rows``, a hint to its Triton kernel, which
+        # the CPU path does not read.
         if logits.device.type != "cpu":
-            return original(logits, k, p)
+            return original(logits, k, p, **hints)
         return top_k_top_p_without_sort(logits, k, p, original)
 
     patch(rejection_sampler, "apply_top_k_top_p", apply_top_k_top_p, patch_verification_top_k_top_p.__doc__,
-          checked_on=("0.32.0",))
+          checked_on=("0.32.0", "0.33.0"))
 
 
 class _UnsortedTopKTopP(torch.nn.Module):

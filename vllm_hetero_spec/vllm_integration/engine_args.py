@@ -38,7 +38,7 @@ def patch_engine_args() -> None:
         return original(self, target_model_config, target_parallel_config)
 
     patch(EngineArgs, "create_speculative_config", create_speculative_config, patch_engine_args.__doc__,
-          checked_on=("0.32.0",))
+          checked_on=("0.32.0", "0.33.0"))
 
 
 def spec_config_arg(value: str) -> dict[str, Any] | None:
@@ -76,7 +76,7 @@ def patch_cli_args() -> None:
                 action.type = spec_config_arg
         return parser
 
-    patch(EngineArgs, "add_cli_args", staticmethod(add_cli_args), patch_cli_args.__doc__, checked_on=("0.32.0",))
+    patch(EngineArgs, "add_cli_args", staticmethod(add_cli_args), patch_cli_args.__doc__, checked_on=("0.32.0", "0.33.0"))
 
 
 def is_hetero_spec(speculative_config: Any) -> bool:
@@ -86,3 +86,26 @@ def is_hetero_spec(speculative_config: Any) -> bool:
 
     return getattr(speculative_config, "method", None) == "custom_class" and \
         getattr(speculative_config, "model", None) == PROPOSER_CLASS
+
+
+def patch_batch_size_schedule() -> None:
+    """Why: vLLM 0.33.0's ``VllmConfig`` drops ``num_speculative_tokens_per_batch_size``
+    (with a warning) for every method but its own on the V1 model runner
+    (``_maybe_disable_dynamic_sd_for_v1``: "V1 requires proposer support"). Ours has it:
+    the proposer drafts at most the k the scheduler grants each step
+    (``proposer.cap_step``), as on 0.32.0, whose scheduler hands it over the same way.
+    So a hetero config keeps its schedule, and every other config gets vLLM's check.
+    0.32.0 has no such step: nothing to patch there."""
+    from vllm.config import VllmConfig
+
+    original = getattr(VllmConfig, "_maybe_disable_dynamic_sd_for_v1", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def _maybe_disable_dynamic_sd_for_v1(self: Any) -> None:
+        if not is_hetero_spec(self.speculative_config):
+            original(self)
+
+    patch(VllmConfig, "_maybe_disable_dynamic_sd_for_v1", _maybe_disable_dynamic_sd_for_v1,
+          patch_batch_size_schedule.__doc__, checked_on=("0.33.0",))

@@ -37,4 +37,4 @@ def patch_multiprocess_metrics() -> None:
                 registry.register(collector)
 
     patch(multiprocess, "MultiProcessCollector", MultiProcessCollector, patch_multiprocess_metrics.__doc__,
-          checked_on=("0.32.0",))
+          checked_on=("0.32.0", "0.33.0"))

@@ -50,8 +50,8 @@ def patch_min_p_logit_bias() -> None:
         )
 
     why = patch_min_p_logit_bias.__doc__
-    patch(sampling_params.SamplingParams, "_validate_spec_decode", _validate_spec_decode, why, checked_on=("0.32.0",))
-    patch(gpu_model_runner, "build_logitsprocs", build_logitsprocs, why, checked_on=("0.32.0",))
+    patch(sampling_params.SamplingParams, "_validate_spec_decode", _validate_spec_decode, why, checked_on=("0.32.0", "0.33.0"))
+    patch(gpu_model_runner, "build_logitsprocs", build_logitsprocs, why, checked_on=("0.32.0", "0.33.0"))
 
 
 def patch_request_validation() -> None:
@@ -78,7 +78,7 @@ def patch_request_validation() -> None:
             return params
 
         patch(request_cls, "to_sampling_params", to_sampling_params, patch_request_validation.__doc__,
-              checked_on=("0.32.0",))
+              checked_on=("0.32.0", "0.33.0"))
 
     validate = InputProcessor._validate_params
 
@@ -97,4 +97,4 @@ def patch_request_validation() -> None:
         return validate(self, params, *args, **kwargs)
 
     patch(InputProcessor, "_validate_params", _validate_params, patch_request_validation.__doc__,
-          checked_on=("0.32.0",))
+          checked_on=("0.32.0", "0.33.0"))

@@ -196,7 +196,7 @@ def patch_model_runner() -> None:
         drafter = getattr(runner, "drafter", None)
         return drafter if isinstance(drafter, HeteroProposer) else None
 
-    why, checked_on = patch_model_runner.__doc__, ("0.32.0",)
+    why, checked_on = patch_model_runner.__doc__, ("0.32.0", "0.33.0")
     patch(GPUModelRunner, "__init__", _init_hook(GPUModelRunner.__init__, ours), why, checked_on=checked_on)
     patch(GPUModelRunner, "shutdown", _shutdown_hook(GPUModelRunner.shutdown, ours), why, checked_on=checked_on)
     patch(GPUModelRunner, "propose_draft_token_ids", _propose_hook(GPUModelRunner.propose_draft_token_ids, ours),
