@@ -14,6 +14,8 @@ and earlier benchmarks use), of at most 1,200 characters, in the target's chat t
 
     .venv/bin/python benchmarks/defaults.py                       # the whole matrix (hours)
     .venv/bin/python benchmarks/defaults.py --targets qwen2.5-coder-1.5b --batch-sizes 1
+    # the defaults as a commit shipped them, beside today's, in the same rounds:
+    git worktree add /tmp/before REV && .venv/bin/python benchmarks/defaults.py --before /tmp/before
 
 Writes benchmarks/results/<name>.{json,md,png} after every run (a cut-off run keeps
 what it measured; ``--append`` adds rounds to an existing file). ``--store`` then merges
@@ -39,10 +41,12 @@ BUILTIN = "vllm built-in TLI"
 
 
 SYNC_PLAIN = "plain, no async scheduling"
+BEFORE = "auto, before"
 
 
 def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, plain_sync: bool = False,
-            auto_variants: tuple[tuple[str, dict], ...] = (), auto: bool = True) -> list[tuple[str, dict | None, dict]]:
+            auto_variants: tuple[tuple[str, dict], ...] = (), auto: bool = True,
+            before: str | None = None) -> list[tuple[str, dict | None, dict]]:
     """The configurations of one cell: (name, speculative config, extra job keys).
 
     ``auto_variants`` adds ``auto`` with each (label, settings) pair's settings over the
@@ -50,13 +54,17 @@ def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, pla
     scheduling off, as vLLM 0.32.0 runs every engine with our proposer (it keeps async
     scheduling for its own methods only): what the speculative path costs where nothing
     drafts, minus what the scheduling mode costs. ``auto=False`` leaves ``auto`` out (a
-    cell measured before gets a configuration it lacked, beside plain run again)."""
+    cell measured before gets a configuration it lacked, beside plain run again). ``before``:
+    a checkout of an earlier commit, whose ``auto`` runs as that commit shipped it (its
+    code first on the engine's path; extra key ``env``)."""
     ours = {"method": "hetero", "model": draft, "num_speculative_tokens": 4}
     out: list[tuple[str, dict | None, dict]] = [("plain", None, {})] if plain else []
     if plain_sync:
         out.append((SYNC_PLAIN, None, {"async_scheduling": False}))
     if auto:
         out.append(("auto", {**ours, "algorithm": "auto"}, {}))
+    if before:
+        out.append((BEFORE, {**ours, "algorithm": "auto"}, {"env": {"PYTHONPATH": f"{before}:{before}/harness"}}))
     out += [(f"auto, {label}", {**ours, "algorithm": "auto", **settings}, {}) for label, settings in auto_variants]
     out += [(rule, {**ours, "algorithm": rule}, {}) for rule in rules]
     if builtin:
@@ -96,6 +104,8 @@ def main() -> None:
                     help="leave plain decoding out (with --append: the cell's earlier plain runs are the baseline)")
     ap.add_argument("--no-auto", action="store_true",
                     help="leave auto out (with --append: add a configuration a cell lacked, e.g. the built-in)")
+    ap.add_argument("--before", metavar="DIR",
+                    help="also run auto from this checkout of an earlier commit (git worktree add DIR REV)")
     ap.add_argument("--batch1-prompts", type=int, default=6, help="prompts run one at a time at batch 1")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
@@ -128,9 +138,11 @@ def main() -> None:
             seeded = seeds_work(bs, temp)
             # Each round starts one configuration later (see the module docstring).
             order = configs(draft, rules, not args.no_builtin, not args.no_plain, args.plain_sync, variants,
-                            not args.no_auto)
+                            not args.no_auto, args.before)
             shift = rep % len(order)
             for name, spec, extra in order[shift:] + order[:shift]:
+                extra = dict(extra)
+                env = extra.pop("env", None)
                 job = {"target": targets[target], "prompts": prompts, "max_tokens": args.max_tokens,
                        "temperature": temp, "batch_size": bs, "speculative_config": spec,
                        "request_seeds": list(range(n)) if seeded else None, "ignore_eos": True,
@@ -138,7 +150,7 @@ def main() -> None:
                        "warmup": "full" if bs > 1 else True, **extra}
                 t0 = time.time()
                 try:
-                    result = run_isolated(job)
+                    result = run_isolated(job, env=env)
                 except Exception as err:  # one failing configuration must not lose the round
                     print(f"{target} bs={bs} T={temp} {name}: FAILED {err}", flush=True)
                     runs.append({"target": target, "batch_size": bs, "temperature": temp, "config": name,
@@ -150,7 +162,8 @@ def main() -> None:
                     "seeded": seeded,
                     "tok_per_s": result["tok_per_s"], "acceptance_rate": result["acceptance_rate"],
                     "mean_acceptance_length": result["mean_acceptance_length"],
-                    "draft_lengths": result.get("draft_lengths"), "rules_chosen": result.get("rules_chosen"),
+                    "draft_lengths": result.get("draft_lengths"), "exploration": result.get("exploration"),
+                    "rules_chosen": result.get("rules_chosen"),
                     "rule_rates": result.get("rule_rates"), "draft_dtype": result.get("draft_dtype"),
                     "elapsed_s": result["elapsed_s"], "runner_s": result.get("runner_s"),
                     "wall_s": time.time() - t0,

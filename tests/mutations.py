@@ -229,6 +229,20 @@ MUTATIONS = [
         ("tests/policy/test_budget.py",),
     ),
     Mutation(
+        "fading-positions", "a draft position's acceptance fades every step, drafted or not",
+        "vllm_hetero_spec/policy/acceptance.py",
+        "            acc *= self.stale_memory\n            tri *= self.stale_memory\n",
+        "            acc *= self.memory\n            tri *= self.memory\n",
+        ("tests/policy/test_acceptance.py",),
+    ),
+    Mutation(
+        "stale-price-kept", "a size back after a long gap keeps its old price",
+        "vllm_hetero_spec/policy/budget.py",
+        "        if mean is not None and stale:",
+        "        if False:",
+        ("tests/policy/test_budget.py", "-k", "overpriced"),
+    ),
+    Mutation(
         "blind-catchup", "the draft cost fit takes a first pass over a prompt for the cost of drafting k",
         "vllm_hetero_spec/policy/budget.py",
         "            if k > 0 and lengths is not None:",

@@ -131,6 +131,8 @@ class JobProbe:
         budget = getattr(policy, "budget", None)
         if budget is not None:
             out["draft_lengths"] = {str(k): n for k, n in sorted(budget.chosen.items())}
+            if hasattr(budget, "exploration"):  # the adaptive budget's
+                out["exploration"] = dataclasses.asdict(budget.exploration)
         rules = getattr(policy, "rules", None)
         if rules is not None:
             out["rules_chosen"] = dict(rules.chosen)

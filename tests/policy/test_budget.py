@@ -257,7 +257,7 @@ def test_acceptance_counts_the_positions_seen() -> None:
     policy = AdaptiveBudget(4, prior_accept=0.0)
     policy.record(["a"], [4], 0.0, 0.0)
     policy.observe(1.0, ["a"], [3])  # 2 accepted, the 3rd rejected, the 4th never judged
-    accepted, tried = policy.overall[""]
+    accepted, tried = policy.accept.overall[""]
     np.testing.assert_allclose(tried, [1, 1, 1, 0])
     np.testing.assert_allclose(accepted, [1, 1, 0, 0])
 
@@ -271,16 +271,16 @@ def test_acceptance_is_kept_per_rule() -> None:
         policy.observe(step + 1.0, ["a"], [5])  # slem: every proposal accepted
         policy.record(["a"], [4], 0.0, float(step), rules=["tli"])
         policy.observe(step + 1.0, ["a"], [1])  # tli: every first proposal rejected
-    assert policy.acceptance("a", "slem")[0] > 0.9
-    assert policy.acceptance("a", "tli")[0] < 0.1
-    assert policy.acceptance(None, "slem")[0] > 0.9
-    assert policy.acceptance(None, "tli")[0] < 0.1
+    assert policy.acceptance("a", "slem")[0] > 0.85
+    assert policy.acceptance("a", "tli")[0] < 0.15
+    assert policy.acceptance(None, "slem")[0] > 0.85
+    assert policy.acceptance(None, "tli")[0] < 0.15
     # A rule never seen starts from the prior, whatever the others showed.
     assert policy.acceptance("a", "slrs")[0] == pytest.approx(0.5)
     policy.forget("a")
-    assert "a" not in policy.per_request
+    assert "a" not in policy.accept.per_request
     policy.forget("a")
-    assert "a" not in policy.per_request
+    assert "a" not in policy.accept.per_request
 
 
 def test_linear_fit_recovers_a_line_and_forgets() -> None:
@@ -465,3 +465,54 @@ def test_one_noisy_step_moves_every_size_alike() -> None:
     # The ratio moves 1.3% (the size's own mean takes its small share); with a mean per
     # size alone (memory 0.9) it moved 5%, enough to flip a choice inside the 3% margin.
     assert cost.predict(2) / cost.predict(1) == pytest.approx(before, rel=0.02)
+
+
+# The issue-71 regime, shaped like the 1.5B target at batch 1: conditional acceptance
+# about 0.65 at every position (0.62 0.43 0.27 0.19 cumulative, measured), a draft token
+# 45 ms against a 250 ms plain step; k = 1 and 2 pay 23-26%, k = 3 and 4 less.
+REGIME = dict(target_a=0.22, target_b=0.03, draft_a=0.005, draft_b=0.045)
+REGIME_ALPHA = np.array([0.62, 0.69, 0.63, 0.70])
+
+
+def test_lengths_that_pay_less_are_not_paid_for_again() -> None:
+    """Positions 3 and 4 keep what their verdicts showed (they used to fade back to the
+    prior each step, so the budget drafted them again), and a probe goes only where the
+    bounds of what is known leave room to beat the chosen k. Averaged over twelve
+    engines with one-time costs per shape: within 3% of the best fixed k (the rule
+    before: 3.4% behind), with k >= 3 on few steps. The exploration it paid is counted."""
+    best = max(fixed_rate(Machine(**REGIME), [REGIME_ALPHA], k) for k in range(5))
+    rates, long_share, explored = [], [], []
+    for seed in range(12):
+        policy = AdaptiveBudget(4)
+        rate, chosen = simulate(policy, Machine(**REGIME, cold=0.3), [REGIME_ALPHA], 300, seed=seed)
+        rates.append(rate)
+        long_share.append(np.mean(np.array(chosen) >= 3))
+        explored.append(policy.exploration)
+    assert np.mean(rates) >= 0.97 * best, np.mean(rates) / best
+    assert np.mean(long_share) < 0.12, np.mean(long_share)
+    assert all(e.warmup == 6 and e.probes > 0 and e.probe_loss_s > 0 for e in explored), explored[0]
+
+
+def test_a_request_where_k_4_is_right_gets_it() -> None:
+    """After a stretch where k = 1-2 is best, a repetitive request (its drafts accepted
+    95% of the time at every position) arrives: the budget climbs to k = 4 for it."""
+    policy = AdaptiveBudget(4)
+    simulate(policy, Machine(**REGIME), [REGIME_ALPHA], 150, seed=1)
+    _, chosen = simulate(policy, Machine(**REGIME), [np.full(4, 0.95)], 120, seed=2, prefix="repeat")
+    assert np.mean(np.array(chosen[-60:]) == 4) > 0.7, np.bincount(chosen)
+
+
+def test_an_overpriced_size_is_priced_again() -> None:
+    """The plain step's first steps ran during a slow patch (twice its cost). The policy
+    then never runs k = 0, so that price would last for ever: after ``stale_after``
+    steps the size counts as unpriced (worth a probe), and its next step sets it to the
+    lower of the two."""
+    cost = TargetCost(memory=0.9, stale_after=50)
+    cost.add(1, 0.5)
+    cost.add(1, 0.5)
+    for _ in range(60):
+        cost.add(3, 0.30)
+    assert not cost.priced(1) and cost.priced(3)
+    assert cost.predict(1) > 0.35  # pooled with size 3 (the curve never falls), still dear
+    cost.add(1, 0.25)
+    assert cost.priced(1) and cost.predict(1) == pytest.approx(0.25, rel=0.05)

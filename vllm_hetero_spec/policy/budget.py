@@ -9,7 +9,8 @@ picks the k (0..``num_speculative_tokens``) that maximises expected tokens per s
 from three models that let old evidence fade, so they follow change (the two costs learn only
 from *steady* steps, nobody joined or prefilling, so a prefill never passes for verification):
 
-- **acceptance**: per rule and draft position, overall and per request (shrunk towards overall);
+- **acceptance**: per rule and draft position, overall and per request, each position learnt
+  from the steps that judged it (:class:`~vllm_hetero_spec.policy.acceptance.PositionAcceptance`);
 - **the target's step**: its time against the tokens it runs, one curve for every batch size;
 - **drafting**: proposer time linear in k, k x rows and catch-up tokens, per set of rules.
 
@@ -17,10 +18,11 @@ A draft state that has fallen behind (a new request, or one idle a while) must f
 it missed, a lump the following steps live on, so k prices it spread over ``horizon`` steps.
 Per request, a proposal past the first is kept only while its P_r(j) exceeds the tokens the
 step's rate buys in the time one more verified token costs; and a k > 0 must beat k = 0 by
-``margin``. Exploration: the first steps try k = 1, 0, 2, then every ``explore_every`` steps per
-batch-size bucket a neighbour of the chosen k, only while an allowance fed with ``explore_share``
-of each step's time covers its expected loss, so a target no drafter helps loses little.
-``fixed`` always drafts ``num_speculative_tokens``. Why each choice, with its evidence:
+``margin``. Exploration: the first steps try k = 1, 0, 2, twice, then every ``explore_every`` steps
+per batch-size bucket the length most likely to beat the chosen k, if any can at the bounds of
+what is known of its acceptance or its step's price is a guess, only while an allowance fed with
+``explore_share`` of each step's time covers its expected loss, so a target no drafter helps
+loses little. ``fixed`` always drafts ``num_speculative_tokens``. Why each choice, with its evidence:
 docs/algorithms.md#draft-length. The choice never touches verification, so every rule stays
 exactly as lossless as it is at any fixed k.
 """
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vllm_hetero_spec.policy.acceptance import PositionAcceptance
 from vllm_hetero_spec.policy.step_log import is_steady
 
 # k for the engine's first steps: small, because a long draft verified at a large batch
@@ -165,6 +168,11 @@ class TargetCost:
     until two sizes have a second step, first steps stand in). The simulated effect is
     ``tests/policy/test_budget.py::test_a_shape_s_first_step_does_not_price_it``.
 
+    A size not run for ``stale_after`` steps comes back at the lower of its old price and
+    its new step (:meth:`add`), and counts as unpriced meanwhile (:meth:`priced`), which
+    makes it worth a probe: a price set too high by a slow patch is never corrected by
+    a policy that avoids the size for it.
+
     The curve is a shape times a level. The machine's speed drifts (a shared CPU's plain
     steps move within minutes), and drift moves every size at once, so
     one level follows it from every step (``memory``), whatever size the step ran, while
@@ -174,8 +182,11 @@ class TargetCost:
     estimate was read at its most favourable, and `tli` ran below plain decoding
     (docs/benchmarks.md#qwen25-coder-05b-at-t--1-a-price-per-size-went-stale)."""
 
-    def __init__(self, memory: float, shape_memory: float = 0.97):
+    def __init__(self, memory: float, shape_memory: float = 0.97, stale_after: int = 100):
         self.shape_memory = shape_memory
+        self.stale_after = stale_after  # steps after which a size's price is stale
+        self.samples = 0  # steps timed
+        self.seen_at: dict[int, int] = {}  # per size: the step count when it last ran
         # Seconds per unit of the shape, now: a mean of what each step says of it (a step's
         # seconds over its size's cost in units), so a stall counts as twice, as in Ema.
         self.level = Ema(memory)
@@ -186,7 +197,15 @@ class TargetCost:
 
     def add(self, tokens: int, seconds: float) -> None:
         mean = self.by_size.get(tokens)
-        if mean is not None:
+        stale = self.samples - self.seen_at.get(tokens, self.samples) > self.stale_after
+        self.samples += 1
+        self.seen_at[tokens] = self.samples
+        if mean is not None and stale:
+            # Back after a long gap: the lower of its old price and this step. A price
+            # too high is the one that lasts -- the policy stops running the size, so
+            # nothing corrects it -- while one too low is run, and so corrected.
+            mean.value = min(float(mean.value), seconds / self.level.value)
+        elif mean is not None:
             self.level.add(seconds / max(mean.value, 1e-12))
             mean.add(seconds / self.level.value)
         elif tokens in self.first:
@@ -195,6 +214,10 @@ class TargetCost:
         else:
             self.first[tokens] = seconds / self.level.value
         self._fit = None
+
+    def priced(self, tokens: int) -> bool:
+        """Whether a size has a price from steps of its own, recent ones."""
+        return tokens in self.by_size and self.samples - self.seen_at[tokens] <= self.stale_after
 
     @property
     def sizes(self) -> int:
@@ -243,6 +266,19 @@ class _Bucket:
 
 
 @dataclass
+class Exploration:
+    """What exploring cost: steps planned before the costs were known (``warmup``),
+    probes made and the loss the model expected of them against the chosen k (seconds),
+    and probe slots skipped because no length could beat the chosen one even at the
+    bounds of what its acceptance is known to be."""
+
+    warmup: int = 0
+    probes: int = 0
+    probe_loss_s: float = 0.0
+    skipped: int = 0
+
+
+@dataclass
 class _Step:
     """The last step as planned, for what the next call learns from it."""
 
@@ -283,8 +319,10 @@ class AdaptiveBudget:
         explore_every: int = 10,
         cost_memory: float = 0.9,
         accept_memory: float = 0.97,
+        stale_memory: float = 1 - 1 / 500,
         request_weight: float = 4.0,
         prior_accept: float = 0.5,
+        optimism: float = 1.0,
         margin: float = 0.03,
         horizon: float = 16.0,
         explore_share: float = 0.02,
@@ -298,20 +336,15 @@ class AdaptiveBudget:
         self.min_tokens = min_tokens
         self.forward_rules = forward_rules
         self.explore_every = explore_every
-        self.accept_memory = accept_memory
-        self.request_weight = request_weight
-        self.prior_accept = prior_accept
         self.margin = margin
         self.horizon = horizon
         self.explore_share = explore_share
         self.explore_memory = explore_memory
         self.warmup_catchup = warmup_catchup
         self.allowance = 0.0  # seconds of expected loss that probes may still spend
-        # per rule ("" when the engine has one): (accepted, tried) per position
-        self.overall: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        # per request, per rule: (accepted, tried, the step its counts were last decayed to)
-        self.per_request: dict[str, dict[str, tuple[np.ndarray, np.ndarray, int]]] = {}
-        self.step_index = 0
+        self.accept = PositionAcceptance(max_tokens, memory=accept_memory, stale_memory=stale_memory,
+                                         request_weight=request_weight, prior=prior_accept, optimism=optimism)
+        self.exploration = Exploration()
         self.target = TargetCost(cost_memory)
         self.cost_memory = cost_memory
         # per cost group of the sets of rules drafting: proposer seconds ~ c_key + c1 k + c2 k rows
@@ -337,25 +370,13 @@ class AdaptiveBudget:
         if last is None:
             return
         n_sampled = dict(zip(req_ids, sampled))
-        self.step_index += 1
-        for acc, tri in self.overall.values():
-            acc *= self.accept_memory
-            tri *= self.accept_memory
+        verdicts = []
         for req_id, k in last.proposed.items():
             if k <= 0 or n_sampled.get(req_id, 0) <= 0:
                 continue
-            accepted = min(n_sampled[req_id] - 1, k)
-            reached = min(accepted + 1, k)  # positions whose verdict we saw
-            won = np.zeros(self.max_tokens)
-            won[:accepted] = 1.0
-            seen = np.zeros(self.max_tokens)
-            seen[:reached] = 1.0
             rule = last.rules.get(req_id, "")
-            acc, tri = self._overall(rule)
-            acc += won
-            tri += seen
-            acc, tri = self._request_counts(req_id, rule)
-            self.per_request.setdefault(req_id, {})[rule] = (acc + won, tri + seen, self.step_index)
+            verdicts.append((req_id, rule, k, n_sampled[req_id] - 1))
+        self.accept.add_step(verdicts)
         target_s = now - last.end
         self.allowance = self.explore_memory * self.allowance + self.explore_share * max(target_s + last.propose_s, 0.0)
         if target_s > 0 and is_steady(req_ids, last.req_ids, sampled):
@@ -386,7 +407,7 @@ class AdaptiveBudget:
 
     def forget(self, req_id: str) -> None:
         """A finished, aborted or preempted request."""
-        self.per_request.pop(req_id, None)
+        self.accept.forget(req_id)
         self.synced.pop(req_id, None)
 
     def _behind(self, req_id: str, length: int) -> int:
@@ -408,45 +429,31 @@ class AdaptiveBudget:
         cost = self._draft_cost(key)
         return max(cost.predict(key, [k, k * drafting, catchup]), 0.0) if cost.n > 0 else 0.0
 
-    def _overall(self, rule: str) -> tuple[np.ndarray, np.ndarray]:
-        """The counts of every request under ``rule`` (updated in place)."""
-        if rule not in self.overall:
-            self.overall[rule] = (np.zeros(self.max_tokens), np.zeros(self.max_tokens))
-        return self.overall[rule]
-
-    def _request_counts(self, req_id: str, rule: str) -> tuple[np.ndarray, np.ndarray]:
-        """A request's counts under ``rule``, decayed to now: they age by steps, like
-        the overall ones, also while the request drafts nothing (else old verdicts would
-        never fade)."""
-        if rule not in self.per_request.get(req_id, {}):
-            return np.zeros(self.max_tokens), np.zeros(self.max_tokens)
-        acc, tri, at = self.per_request[req_id][rule]
-        age = self.accept_memory ** (self.step_index - at)
-        return acc * age, tri * age
-
     # -- deciding ---------------------------------------------------------------------
 
-    def acceptance(self, req_id: str | None = None, rule: str = "") -> np.ndarray:
+    def acceptance(self, req_id: str | None = None, rule: str = "", side: int = 0) -> np.ndarray:
         """a_j per position (conditional on the earlier ones accepted) under ``rule``,
-        overall or for one request (its counts shrunk towards the overall estimate). A position with
-        few verdicts leans on the one before it (conditional acceptance rarely drops
-        with depth: see docs/algorithms.md#draft-length), so a position the policy has not
-        tried lately is not written off at the prior."""
-        overall = np.empty(self.max_tokens)
-        prior = self.prior_accept
-        accepted, tried = self.overall.get(rule, (np.zeros(self.max_tokens), np.zeros(self.max_tokens)))
-        for j in range(self.max_tokens):
-            overall[j] = prior = (accepted[j] + prior) / (tried[j] + 1.0)
-        if req_id is None or rule not in self.per_request.get(req_id, {}):
-            return overall
-        acc, tri = self._request_counts(req_id, rule)
-        return (acc + self.request_weight * overall) / (tri + self.request_weight)
+        overall or for one request; ``side`` +1 / -1: at the bound of what is known
+        (:class:`PositionAcceptance`)."""
+        return self.accept.estimate(req_id, rule, side)
 
     @property
     def ready(self) -> bool:
         """Both cost models have something to go on: the warm-up's three step sizes (two
-        when k <= 1) and a drafting step."""
-        return self.target.sizes >= min(len(_WARMUP), self.max_tokens + 1) and any(f.n > 0 for f in self.drafts.values())
+        when k <= 1), each priced from a second step, and a drafting step.
+
+        A second step, because a size's first step may pay one-time costs (see
+        :class:`TargetCost`) and while fewer than two sizes have a second step, first
+        steps stand in: the first decisions then rested on them. Priced so, k = 1 and 2
+        once looked twice as dear as k = 0 on the 1.5B target, the budget chose k = 0,
+        and a size it does not run gets no second step -- stuck at plain speed until a
+        probe, which that price made look too dear to afford. Warm-up steps cost little
+        (k <= 2, few rows), so the warm-up runs its cycle twice; after that, if the batch
+        kept changing under it, first steps stand in as before."""
+        needed = min(len(_WARMUP), self.max_tokens + 1)
+        if self.target.sizes < needed or not any(f.n > 0 for f in self.drafts.values()):
+            return False
+        return len(self.target.by_size) >= needed or self.warmup_steps >= 2 * len(_WARMUP)
 
     def rates(self, rows: int, gain: np.ndarray, drafting: int, lump: float = 0.0, spread: float = 1.0,
               draft_key: str = "") -> list[float]:
@@ -474,6 +481,7 @@ class AdaptiveBudget:
         if not self.ready:
             k = min(_WARMUP[self.warmup_steps % len(_WARMUP)], self.max_tokens)
             self.warmup_steps += 1
+            self.exploration.warmup += 1
             self.last_plan = ("warm-up", [], 0.0)
             return self._clamp([k] * rows, self._warmup_rows(req_ids, drafting, lengths))
         bucket = self.buckets.setdefault(bucket_of(rows), _Bucket())
@@ -484,19 +492,20 @@ class AdaptiveBudget:
         best, why = self._best(rates)
         self.last_plan = (why, rates, lump)
         if self.explore_every and step % self.explore_every == self.explore_every // 2:
-            up = (bucket.probes + 1) % 2 == 1
-            probe = best + 1 if (up and best < self.max_tokens) or best == self.min_tokens else best - 1
-            probe = max(self.min_tokens, min(self.max_tokens, probe))
-            # What the probe is expected to lose against `best`: the time its tokens
-            # take beyond what they would at best's rate, its catch-up lump paid now.
-            now = self.rates(rows, gain, n_drafting, lump, draft_key=key)
-            emitted = rows + float(gain[:probe].sum())
-            loss = max(emitted / now[probe] - emitted / rates[best], 0.0)
-            if loss <= self.allowance:
-                self.allowance -= loss
-                bucket.probes += 1
-                self.last_plan = ("probe", rates, lump)
-                return self._clamp([probe] * rows, drafting)
+            probe = self._probe(req_ids, drafting, rules, rates, best, n_drafting, lump, key)
+            if probe is not None:
+                # What the probe is expected to lose against `best`: the time its tokens
+                # take beyond what they would at best's rate, its catch-up lump paid now.
+                now = self.rates(rows, gain, n_drafting, lump, draft_key=key)
+                emitted = rows + float(gain[:probe].sum())
+                loss = max(emitted / now[probe] - emitted / rates[best], 0.0)
+                if loss <= self.allowance:
+                    self.allowance -= loss
+                    bucket.probes += 1
+                    self.exploration.probes += 1
+                    self.exploration.probe_loss_s += loss
+                    self.last_plan = ("probe", rates, lump)
+                    return self._clamp([probe] * rows, drafting)
         if best == 0:
             return [0] * rows
         # Trimmed per request, but never to nothing while the step drafts: a request at
@@ -513,6 +522,43 @@ class AdaptiveBudget:
         if not self.ready:
             return any(drafting)
         return self._best(self._expected(req_ids, drafting, lengths, rules)[0])[0] > 0
+
+    def _probe(self, req_ids: list[str], drafting: list[bool], rules: list[str] | None, rates: list[float],
+               best: int, n_drafting: int, lump: float, key: str) -> int | None:
+        """The length worth a probe, or ``None`` when none could beat ``best``.
+
+        Each other length is judged at the edge of what is known of the positions where
+        it differs from ``best``: a longer one with those positions' acceptance at its
+        upper bound, against ``best`` as estimated; a shorter one as estimated, against
+        ``best`` with the positions it drops at their lower bound. A length that loses
+        even so is not worth paying for: its positions have been judged often enough,
+        and lately enough, to rule it out (before, every tenth step tried a neighbour
+        whatever the evidence). A length whose step size the target's curve has not
+        priced, or not lately, stays worth a probe: its cost is a guess until it runs
+        (the plain step once stayed priced at twice its cost through a whole run). The most
+        promising one is tried, the nearest on a tie; a position left alone grows
+        uncertain again with time (:class:`PositionAcceptance`), so a change is still
+        found."""
+        rules = rules or [""] * len(req_ids)
+        mask = np.asarray(drafting, dtype=np.float64)[:, None]
+        point = np.stack([self.acceptance(r, rule) for r, rule in zip(req_ids, rules)])
+        rows = len(req_ids)
+        promise: dict[int, float] = {}
+        for k in range(self.min_tokens, self.max_tokens + 1):
+            if k == best:
+                continue
+            a = point.copy()
+            lo, hi = min(k, best), max(k, best)
+            a[:, lo:hi] = np.stack([self.acceptance(r, rule, 1 if k > best else -1)[lo:hi]
+                                    for r, rule in zip(req_ids, rules)])
+            edge = self.rates(rows, (np.cumprod(a, axis=1) * mask).sum(0), n_drafting, lump, self.horizon, key)
+            promise[k] = edge[k] / rates[best] if k > best else rates[k] / max(edge[best], 1e-12)
+            if not self.target.priced(rows + k * n_drafting):
+                promise[k] = max(promise[k], 1.0)  # its price is a guess or stale: only running it tells
+        if not promise or max(promise.values()) < 1.0:
+            self.exploration.skipped += 1
+            return None
+        return max(promise, key=lambda k: (promise[k], -abs(k - best)))
 
     def _expected(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None,
                   rules: list[str] | None) -> tuple[list[float], np.ndarray, int, float, str]:
@@ -544,16 +590,19 @@ class AdaptiveBudget:
         only has to time a drafting step and two more sizes of the target's step; made
         with a whole batch of new requests it had every draft state read its prompt at
         once, a large share of a short batch job (docs/algorithms.md#draft-length), before
-        the budget could price that lump. A floor
-        (``min_tokens``) drafts every row, as it promises."""
+        the budget could price that lump. The second cycle (:attr:`ready`) drafts with the
+        rows already caught up, one at least. A floor (``min_tokens``) drafts every row,
+        as it promises."""
         if self.min_tokens > 0 or lengths is None:
             return drafting
         behind = sorted((self._behind(r, n), i)
                         for i, (r, n, d) in enumerate(zip(req_ids, lengths, drafting)) if d)
         chosen = [False] * len(req_ids)
         total, count = 0, 0
+        second_cycle = self.warmup_steps > len(_WARMUP)
         for lag, i in behind:
-            if count and total + lag > self.warmup_catchup:
+            # The second cycle only re-times the first's sizes: rows already caught up.
+            if count and (lag > 2 * (self.max_tokens + 1) if second_cycle else total + lag > self.warmup_catchup):
                 break
             chosen[i] = True
             total, count = total + lag, count + 1
