@@ -4,7 +4,8 @@ For each target: ``python -m vllm_hetero_spec advise`` on a sample of Spec-Bench
 table, plot, JSON and config kept in ``results/advise_<target>/``), then a measurement
 on held-out Spec-Bench prompts (never in advise's sample, and of the same mix: both are
 whole rounds of one question per category, the held-out ones from later rounds), at the
-same batch sizes and temperatures:
+same batch sizes and temperatures, at each output length of ``--check-lengths`` (advise
+projects per output length; each is checked against its own projection):
 
 - each projected option as advise configured it: ours pinned to its rule and best k
   (one engine per drafter; a drafter's options projected at k = 0 share one run, as
@@ -98,21 +99,23 @@ def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argpar
     from vllm_hetero_spec.advise.session import base_job
 
     rounds = list(range(args.rounds))
-    settings = sorted({(o["temperature"], o["batch"]) for o in advised["options"]})
+    settings = sorted({(o["temperature"], o["batch"], n) for o in advised["options"] for n in args.check_lengths})
     ran = advised["args"]  # the engines as advise ran them
     base = base_job(str(resolve_model("--target", target).folder), prompts, dtype=engine_dtype(ran["dtype"]),
-                    max_model_len=ran["max_model_len"], seed=ran["seed"], max_tokens=args.max_tokens, k=args.k,
-                    batch_sizes=sorted({b for _, b in settings}), temperatures=sorted({t for t, _ in settings}),
+                    max_model_len=ran["max_model_len"], seed=ran["seed"], max_tokens=max(args.check_lengths),
+                    k=args.k, batch_sizes=sorted({b for _, b, _ in settings}),
+                    temperatures=sorted({t for t, _, _ in settings}),
                     enforce_eager=ran.get("enforce_eager", False))
 
     def pins(rows: list[dict[str, Any]], rs: list[int]) -> list[dict[str, Any]]:
         return [{**row, "round": r} for r in rs for row in rows]
 
-    plain_rows = [{"T": t, "b": b} for t, b in settings]
+    plain_rows = [{"T": t, "b": b, "max_tokens": n} for t, b, n in settings]
     jobs = [("plain 1", {**base, "kind": "plain", "first_token": False, "pins": pins(plain_rows, rounds[:1])})]
     for drafter in advised["drafters"]:
-        ours = distinct_runs([{"rule": o["rule"], "T": o["temperature"], "b": o["batch"], "k": o["k"]}
-                              for o in advised["options"] if o["drafter"] == drafter and o["rule"] != "draft_model"])
+        ours = distinct_runs([{"rule": o["rule"], "T": o["temperature"], "b": o["batch"], "k": o["k"], "max_tokens": n}
+                              for o in advised["options"] if o["drafter"] == drafter and o["rule"] != "draft_model"
+                              for n in args.check_lengths])
         rules = {str(t): sorted({p["rule"] for p in ours if p["T"] == t}) for t in base["temperatures"]}
         jobs.append((f"{drafter} (pinned)", {**base, "kind": "hetero", "drafter": drafter, "rules": rules,
                                              "pins": pins(ours, rounds)}))
@@ -121,7 +124,7 @@ def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argpar
     if recommended is not None:
         configs.append({"drafter": "recommended", "config": recommended})
     for c in configs:
-        rows = [{"T": t, "b": b} for t, b in settings]
+        rows = [{"T": t, "b": b, "max_tokens": n} for t, b, n in settings]
         label = "recommended" if c["drafter"] == "recommended" else draft_model_label(c["drafter"])
         jobs.append((label, {**base, "kind": "config", "config": c["config"], "pins": pins(rows, rounds)}))
     if len(rounds) > 1:
@@ -135,7 +138,7 @@ def distinct_runs(pins: list[dict[str, Any]]) -> list[dict[str, Any]]:
     at k = 0 share one run per temperature and batch size (the first rule's pin)."""
     seen: dict[tuple, dict[str, Any]] = {}
     for p in pins:
-        seen.setdefault((p["T"], p["b"], _measurement(p.get("rule"), p["k"])), p)
+        seen.setdefault((p["T"], p["b"], p.get("max_tokens"), _measurement(p.get("rule"), p["k"])), p)
     return list(seen.values())
 
 
@@ -145,23 +148,28 @@ def _measurement(rule: str | None, k: int | None) -> tuple:
     return (k, rule if k != 0 else None)
 
 
-def speedups(measured: dict[str, dict[str, Any]], label: str, rule: str | None, t: float, b: int,
+def speedups(measured: dict[str, dict[str, Any]], label: str, rule: str | None, t: float, b: int, tokens: int,
              k: int | None = None) -> list[float]:
-    """Per round, ``label``'s tokens per second at (``rule``, ``t``, ``b``, ``k``) over
-    plain's; ``k`` = 0 takes the run of any rule (:func:`distinct_runs`)."""
+    """Per round, ``label``'s tokens per second at (``rule``, ``t``, ``b``, ``k``) and
+    ``tokens`` per request over plain's; ``k`` = 0 takes the run of any rule
+    (:func:`distinct_runs`)."""
+    def at(r: dict[str, Any]) -> bool:
+        return r["T"] == t and r["b"] == b and r.get("max_tokens") == tokens
+
     plain = {r["round"]: sum(r["lengths"]) / r["wall"] for m in ("plain 1", "plain 2") if m in measured
-             for r in measured[m]["runs"] if r["T"] == t and r["b"] == b}
+             for r in measured[m]["runs"] if at(r)}
     return [sum(r["lengths"]) / r["wall"] / plain[r["round"]] for r in measured[label]["runs"]
-            if r["T"] == t and r["b"] == b and r["round"] in plain
+            if at(r) and r["round"] in plain
             and _measurement(r.get("rule"), r.get("k") if k is not None else None) == _measurement(rule, k)]
 
 
-def verdicts(advised: dict[str, Any], runs: list[dict[str, dict[str, Any]]]
+def verdicts(advised: dict[str, Any], runs: list[dict[str, dict[str, Any]]], lengths: list[int]
              ) -> tuple[list[dict], list[dict], list[dict]]:
-    """One row per projected option (projected, measured median and spread, within the
-    bar?), one per setting for the recommended config, and the options no run measured.
-    ``runs``: the sessions of one or more runs of the check, newest first; an engine is
-    read from the newest run that has it, against that run's own plain engines."""
+    """One row per projected option and output length (projected, measured median and
+    spread, within the bar?), one per setting and length for the recommended config, and
+    the options no run measured. ``runs``: the sessions of one or more runs of the check,
+    newest first; an engine is read from the newest run that has it, against that run's
+    own plain engines."""
     def newest(label: str) -> dict[str, dict[str, Any]] | None:
         return next((m for m in runs if label in m), None)
 
@@ -171,23 +179,26 @@ def verdicts(advised: dict[str, Any], runs: list[dict[str, dict[str, Any]]]
         label = draft_model_label(o["drafter"]) if dm else f"{o['drafter']} (pinned)"
         rule, k = (None, None) if dm else (o["rule"], o["k"])
         measured = newest(label)
-        xs = [] if measured is None else speedups(measured, label, rule, o["temperature"], o["batch"], k)
-        if not xs:
-            missing.append({key: o[key] for key in ("drafter", "rule", "temperature", "batch", "k")})
-            continue
-        med = statistics.median(xs)
-        ok = abs(o["projected"] / med - 1) <= TOLERANCE or min(xs) <= o["projected"] <= max(xs)
-        rows.append({"drafter": o["drafter"], "rule": o["rule"], "T": o["temperature"], "b": o["batch"], "k": o["k"],
-                     "projected": o["projected"], "measured": med, "low": min(xs), "high": max(xs), "ok": ok})
+        for n in lengths:
+            xs = [] if measured is None else speedups(measured, label, rule, o["temperature"], o["batch"], n, k)
+            if not xs:
+                missing.append({**{key: o[key] for key in ("drafter", "rule", "temperature", "batch", "k")},
+                                "tokens": n})
+                continue
+            med, projected = statistics.median(xs), o["by_length"][str(n)]
+            ok = abs(projected / med - 1) <= TOLERANCE or min(xs) <= projected <= max(xs)
+            rows.append({"drafter": o["drafter"], "rule": o["rule"], "T": o["temperature"], "b": o["batch"],
+                         "tokens": n, "k": o["k"], "projected": projected, "measured": med, "low": min(xs),
+                         "high": max(xs), "ok": ok})
     rec_rows = []
     measured = newest("recommended")
     if measured is not None:
-        for t, b in sorted({(r["T"], r["b"]) for r in rows}):
-            xs = speedups(measured, "recommended", None, t, b)
-            best = max(r["measured"] for r in rows if (r["T"], r["b"]) == (t, b))
+        for t, b, n in sorted({(r["T"], r["b"], r["tokens"]) for r in rows}):
+            xs = speedups(measured, "recommended", None, t, b, n)
+            best = max(r["measured"] for r in rows if (r["T"], r["b"], r["tokens"]) == (t, b, n))
             med = statistics.median(xs)
-            rec_rows.append({"T": t, "b": b, "measured": med, "low": min(xs), "high": max(xs), "best_option": best,
-                             "ok": med >= (1 - RECOMMENDED_WITHIN) * best})
+            rec_rows.append({"T": t, "b": b, "tokens": n, "measured": med, "low": min(xs), "high": max(xs),
+                             "best_option": best, "ok": med >= (1 - RECOMMENDED_WITHIN) * best})
     return rows, rec_rows, missing
 
 
@@ -202,7 +213,9 @@ def main() -> None:
     ap.add_argument("--targets", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     ap.add_argument("--num-prompts", type=int, default=13, help="advise's sample (13: a round of Spec-Bench)")
     ap.add_argument("--held-out", type=int, default=13, help="prompts of the check, from the rounds after the sample's")
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--max-tokens", type=int, default=48, help="advise's tokens per request on its sample")
+    ap.add_argument("--check-lengths", type=int, nargs="+", default=[64, 256],
+                    help="output tokens per request of the check, each against advise's projection at it")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--k", type=int, default=6)
@@ -244,7 +257,8 @@ def main() -> None:
         with tqdm(total=sum(planned_calls(j) for _, j in jobs), unit="pass") as bar:
             for label, job in jobs:
                 measured[label] = run_session(label, job, log, bar)
-        rows, rec_rows, missing = verdicts(advised, [measured, *[run["measured"] for run in earlier]])
+        rows, rec_rows, missing = verdicts(advised, [measured, *[run["measured"] for run in earlier]],
+                                           args.check_lengths)
         this_run = {"meta": meta(args), "order": [label for label, _ in jobs], "measured": slim(measured)}
         results["targets"][target] = {**this_run, "rows": rows, "recommended": rec_rows, "not_measured": missing,
                                       "recommendation": advised["recommendation"], "earlier_runs": earlier}
@@ -281,7 +295,8 @@ def earlier_targets() -> dict[str, Any]:
 def settings_line(m: dict[str, Any]) -> str:
     a = m["args"]
     return (f"{m['date']}: advise on {a['num_prompts']} prompts, checked on {a['held_out']} held-out ones, "
-            f"{a['max_tokens']} tokens, T {a['temperatures']}, batch {a['batch_sizes']}, k <= {a['k']}, "
+            f"{a['max_tokens']} tokens on the sample, {a.get('check_lengths', [a['max_tokens']])} held out, "
+            f"T {a['temperatures']}, batch {a['batch_sizes']}, k <= {a['k']}, "
             f"{a['rounds']} rounds.")
 
 
@@ -292,14 +307,15 @@ def write(results: dict[str, Any]) -> None:
           "best measured option.", ""]
     for target, r in results["targets"].items():
         md += [f"## {target}", "", settings_line(r["meta"]), ""]
-        md += table(["drafter", "rule", "T", "b", "k", "projected", "measured", "within bar"],
-                    [[x["drafter"], x["rule"], f"{x['T']:g}", x["b"], x["k"], f"{x['projected']:.2f}x",
+        md += table(["drafter", "rule", "T", "b", "tokens", "k", "projected", "measured", "within bar"],
+                    [[x["drafter"], x["rule"], f"{x['T']:g}", x["b"], x.get("tokens", "-"), x["k"],
+                      f"{x['projected']:.2f}x",
                       ratio_cell(x["measured"], x["low"], x["high"]), "yes" if x["ok"] else "**no**"]
                      for x in r["rows"]])
         if r["recommended"]:
             md += ["", f"Recommended: `{json.dumps(r['recommendation']['config'])}`", ""]
-            md += table(["T", "b", "measured", "best option measured", f"within {RECOMMENDED_WITHIN:.0%}"],
-                        [[f"{x['T']:g}", x["b"], ratio_cell(x["measured"], x["low"], x["high"]),
+            md += table(["T", "b", "tokens", "measured", "best option measured", f"within {RECOMMENDED_WITHIN:.0%}"],
+                        [[f"{x['T']:g}", x["b"], x.get("tokens", "-"), ratio_cell(x["measured"], x["low"], x["high"]),
                           f"{x['best_option']:.2f}x", "yes" if x["ok"] else "**no**"] for x in r["recommended"]])
         if r.get("order"):
             md += ["", "Engine order of this run: " + " | ".join(r["order"]) + "."]
@@ -310,7 +326,8 @@ def write(results: dict[str, Any]) -> None:
                        + ", ".join(read) + "."]
         if r.get("not_measured"):
             md += ["", "Not measured: " + ", ".join(
-                f"{o['drafter']} {o['rule']} T={o['temperature']:g} b={o['batch']} k={o['k']}"
+                f"{o['drafter']} {o['rule']} T={o['temperature']:g} b={o['batch']} k={o['k']} "
+                f"{o.get('tokens', '-')} tokens"
                 for o in r["not_measured"]) + "."]
         md.append("")
     write_report("advise_check", results, md, title="advise_check: projections against held-out measurements")

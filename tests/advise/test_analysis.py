@@ -10,9 +10,9 @@ import math
 import pytest
 
 from vllm_hetero_spec.advise.analysis import (
-    DRAFT_MODEL, ConfigNames, Option, best_per_setting, config_for, draft_model_options, hetero_options, plain_step,
+    DRAFT_MODEL, OUTPUT_LENGTHS, ConfigNames, Option, best_per_setting, config_for, draft_model_options, hetero_options, plain_step,
     recommend, sweep_costs)
-from vllm_hetero_spec.advise.projection import StepCosts, best, group_steps, speedup
+from vllm_hetero_spec.advise.projection import StepCosts, at_length, best_at_lengths, group_steps
 from vllm_hetero_spec.advise.report import plot, table, verdict, write_json
 from vllm_hetero_spec.config import parse_settings
 
@@ -73,10 +73,12 @@ def test_each_option_is_the_projection_of_its_measured_parts() -> None:
     assert len(options) == 4
     slem_b8 = next(o for o in options if o.rule == "slem" and o.batch == 8)
     unit, wall = PLAIN_STEP[8], _plain_run(8)["wall"]
+    # one group of 8: its prefill and the drafter's reading, in plain steps
     costs = StepCosts({k: _target_s(8, k) / unit for k in (0, 1, 2, 4)}, _per_position(8) / unit, HOST / unit,
-                      2.0 / wall, (READING - HOST - K * _per_position(8)) / wall)
-    expected = best(acc, costs, groups=[[64] * 8])  # one group of 8; its run took fewer steps than predicted
+                      2.0 / unit, (READING - HOST - K * _per_position(8)) / unit)
+    expected = best_at_lengths(acc, costs, 8, OUTPUT_LENGTHS)  # its run took fewer steps than predicted: no tail
     assert (slem_b8.k, slem_b8.projected) == (expected.k, pytest.approx(expected.speedup))
+    assert slem_b8.by_length == pytest.approx(expected.by_length)
     assert slem_b8.draft_cost == pytest.approx(_per_position(8) / unit)
     assert slem_b8.sample == pytest.approx(wall / 10.0)
     assert slem_b8.mean_accepted == pytest.approx(1 + sum(acc))
@@ -96,11 +98,11 @@ def test_a_batch_that_waits_for_its_slowest_request_projects_less() -> None:
     run["steps"] += run["steps"][:1] * (round(2 * predicted) + 1 - len(run["steps"]))  # twice the predicted steps
     slow = next(o for o in hetero_options("small", measured, PLAIN, K) if o.batch == 8)
     fast = next(o for o in hetero_options("small", _hetero({"slem": acc}), PLAIN, K) if o.batch == 8)
-    unit, wall = PLAIN_STEP[8], _plain_run(8)["wall"]
+    unit = PLAIN_STEP[8]
     costs = StepCosts({k: _target_s(8, k) / unit for k in (0, 1, 2, 4)}, _per_position(8) / unit, HOST / unit,
-                      2.0 / wall, (READING - HOST - K * _per_position(8)) / wall)
+                      2.0 / unit, (READING - HOST - K * _per_position(8)) / unit)
     tail = (len(run["steps"]) - 1) / predicted
-    assert slow.by_k[2] == pytest.approx(speedup(acc, costs, 2, groups=[[64] * 8], tail=tail))
+    assert slow.by_length[256] == pytest.approx(at_length(acc, costs, slow.k, 8, 256, tail=tail))
     assert slow.projected < fast.projected
 
 
@@ -181,14 +183,17 @@ def test_vllm_draft_model_is_recommended_when_it_is_faster() -> None:
          "counters": {"num_drafts": 10.0, "accepted_per_position": [9.0, 8.0, 7.0, 6.0]}} for b in PLAIN_STEP]}
     options += draft_model_options("small", fast, PLAIN, K)
     rec = recommend(options, {"small": ConfigNames("small", "/m/small")})
-    assert rec.method == DRAFT_MODEL and rec.score == pytest.approx(4.0)
+    # 4x on the sample's 64-token replies, more on longer ones (the prefill weighs less)
+    assert all(o.by_length[64] == pytest.approx(4.0) for o in rec.per_setting.values())
+    assert rec.method == DRAFT_MODEL and rec.score > 4.0
     assert rec.config == {"method": "draft_model", "model": "/m/small", "num_speculative_tokens": K}
     assert "vLLM's own draft_model" in verdict(rec)
 
 
 def test_vllm_draft_model_projects_from_the_acceptance_pooled_over_batch_sizes() -> None:
     """Two runs at T = 1 drew different acceptance (9 and 5 of 10 at each position): each
-    run's decode time is rescaled to the pooled acceptance, its prefill left as it was."""
+    run's decode step is its time past the prefill over the steps its own acceptance
+    predicts, and each output length's steps are counted with the pooled acceptance."""
     def run(b: int, accepted: float) -> dict:
         return {"T": 0.0, "b": b, "rule": None, "wall": _plain_run(b)["wall"] / 2, "lengths": [64] * 8,
                 "counters": {"num_drafts": 10.0, "accepted_per_position": [accepted] * K}}
@@ -198,12 +203,36 @@ def test_vllm_draft_model_projects_from_the_acceptance_pooled_over_batch_sizes()
                                                        PLAIN, K)}
     pooled = [0.7] * K
     for o, r in ((options[1], lucky), (options[8], unlucky)):
-        groups = [[64] * r["b"]] * (8 // r["b"])
+        b = r["b"]
+        groups = [[64] * b] * (8 // b)
         own = [r["counters"]["accepted_per_position"][0] / 10] * K
-        decode = (r["wall"] - 2.0) * group_steps(pooled, K, groups) / group_steps(own, K, groups)
-        assert o.projected == pytest.approx(512 / (2.0 + decode) / (512 / _plain_run(r["b"])["wall"]))
+        step = (r["wall"] - 2.0) / group_steps(own, K, groups) / PLAIN_STEP[b]
+        prefill = 2.0 / len(groups) / PLAIN_STEP[b]
+        for n in OUTPUT_LENGTHS:
+            plain = prefill + n - 1
+            assert o.by_length[n] == pytest.approx(plain / (prefill + group_steps(pooled, K, [[n] * b]) * step))
+        assert o.projected == pytest.approx(math.prod(o.by_length.values()) ** (1 / len(OUTPUT_LENGTHS)))
         assert o.sample == pytest.approx(2.0) and o.acceptance == pytest.approx(pooled)
     assert options[1].projected < 2.0 < options[8].projected
+
+
+def test_the_speedup_is_projected_at_the_lengths_users_generate() -> None:
+    """Measured on 64-token requests whose drafter's reading of the prompt costs as much
+    as 40 decode steps: at 64 tokens drafting loses, at 1,024 it pays (issue 71: advise
+    turned off what paid on longer replies). Each length is chosen for alone, and the
+    mix by the geometric mean."""
+    measured = _hetero({"slem": [0.6, 0.4, 0.2, 0.1]})
+    for run in measured["runs"]:
+        for step in run["steps"]:
+            if not step["steady"]:
+                # the run's one prefill step stands for its 8 // b groups
+                step["propose_s"] = 40 * PLAIN_STEP[run["b"]] * (8 // run["b"]) + HOST + K * _per_position(run["b"])
+    at = {n: next(o for o in hetero_options("small", measured, PLAIN, K, (n,)) if o.batch == 1) for n in (64, 1024)}
+    assert at[64].k == 0 and at[64].projected == 1.0
+    assert at[1024].k > 0 and at[1024].projected > 1.2
+    both = next(o for o in hetero_options("small", measured, PLAIN, K, (64, 1024)) if o.batch == 1)
+    assert both.k > 0 and both.by_length[64] < 1.0 < both.by_length[1024]
+    assert both.projected == pytest.approx(math.sqrt(both.by_length[64] * both.by_length[1024]))
 
 
 def test_plain_decoding_is_recommended_when_no_drafter_pays() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hetero_spec.advise.projection import StepCosts, best, expected_tokens, speedup
+from vllm_hetero_spec.advise.projection import StepCosts, at_length, best, best_at_lengths, expected_tokens, speedup
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 ROWS = json.loads((RESULTS / "step_anatomy.json").read_text())["rows"]
@@ -43,7 +43,22 @@ def test_the_best_length_and_plain_when_nothing_pays() -> None:
     dear = StepCosts({1: 1.5, 2: 1.9, 3: 2.3, 4: 2.7}, draft_forward=0.4)
     assert best(acceptance, dear).k == 0 and best(acceptance, dear).speedup == 1.0
     # A run that is mostly prefill gains little whatever the decode steps gain.
-    prefill = StepCosts(cheap.verify, cheap.draft_forward, prefill_share=0.9)
-    assert 1.0 < best(acceptance, prefill).speedup < 1.06
+    prefill = StepCosts(cheap.verify, cheap.draft_forward, prefill=180.0)
+    assert 1.0 < best(acceptance, prefill, groups=[[21]]).speedup < 1.06
     with pytest.raises(ValueError, match="2 positions"):
         expected_tokens([0.5, 0.2], 3)
+
+
+def test_prefill_and_reading_weigh_less_as_replies_grow() -> None:
+    """Paid once per request, prefill and the drafter's reading dilute with the output's
+    length: the speedup rises towards the steady state's ``E(k) / step`` and never
+    passes it."""
+    acceptance = [0.7, 0.5]
+    costs = StepCosts({1: 1.1, 2: 1.2}, draft_forward=0.1, prefill=20.0, reading=30.0)
+    steady = speedup(acceptance, costs, 2)
+    assert steady == pytest.approx(expected_tokens(acceptance, 2) / 1.4)
+    by_length = [at_length(acceptance, costs, 2, 1, n) for n in (16, 64, 256, 1024, 16384)]
+    assert by_length == sorted(by_length) and by_length[0] < 1.0 < by_length[2]
+    assert by_length[-1] < steady and by_length[-1] == pytest.approx(steady, rel=0.01)
+    chosen = best_at_lengths(acceptance, costs, 1, (64, 256, 1024))
+    assert set(chosen.by_length) == {64, 256, 1024} and chosen.by_length[64] == at_length(acceptance, costs, chosen.k, 1, 64)

@@ -13,18 +13,20 @@ if str(BENCHMARKS) not in sys.path:  # the scripts import their siblings
 import advise_check  # noqa: E402
 
 
-def _pin(rule: str, t: float, b: int, k: int) -> dict:
-    return {"rule": rule, "T": t, "b": b, "k": k}
+def _pin(rule: str, t: float, b: int, k: int, tokens: int = 64) -> dict:
+    return {"rule": rule, "T": t, "b": b, "k": k, "max_tokens": tokens}
 
 
 def test_options_projected_at_k0_share_one_run_and_drafting_ones_keep_theirs() -> None:
     pins = [_pin("slem", 0.0, 1, 2), _pin("tli", 0.0, 1, 2), _pin("slem", 0.0, 8, 0), _pin("tli", 0.0, 8, 0),
-            _pin("slrs", 1.0, 1, 0), _pin("tli", 1.0, 1, 3)]
-    assert advise_check.distinct_runs(pins) == [pins[0], pins[1], pins[2], pins[4], pins[5]]
+            _pin("slrs", 1.0, 1, 0), _pin("tli", 1.0, 1, 3), _pin("tli", 0.0, 8, 0, 256)]
+    assert advise_check.distinct_runs(pins) == [pins[0], pins[1], pins[2], pins[4], pins[5], pins[6]]
 
 
-def _run(rule: str | None, t: float, b: int, k: int | None, tokens_per_s: float, round_: int) -> dict:
-    return {"rule": rule, "T": t, "b": b, "k": k, "lengths": [tokens_per_s * 10], "wall": 10.0, "round": round_}
+def _run(rule: str | None, t: float, b: int, k: int | None, tokens_per_s: float, round_: int,
+         tokens: int = 64) -> dict:
+    return {"rule": rule, "T": t, "b": b, "k": k, "lengths": [tokens_per_s * 10], "wall": 10.0, "round": round_,
+            "max_tokens": tokens}
 
 
 def test_each_option_is_measured_against_its_own_rounds_plain_run() -> None:
@@ -32,19 +34,23 @@ def test_each_option_is_measured_against_its_own_rounds_plain_run() -> None:
         "plain 1": {"runs": [_run(None, 0.0, 8, None, 4.0, 0)]},
         "plain 2": {"runs": [_run(None, 0.0, 8, None, 5.0, 1)]},
         "d (pinned)": {"runs": [_run("slem", 0.0, 8, 0, 4.4, 0), _run("slem", 0.0, 8, 0, 4.5, 1),
-                                _run("tli", 0.0, 8, 2, 6.0, 0), _run("tli", 0.0, 8, 2, 7.5, 1)]},
+                                _run("tli", 0.0, 8, 2, 6.0, 0), _run("tli", 0.0, 8, 2, 7.5, 1),
+                                _run("tli", 0.0, 8, 2, 8.0, 0, 256)]},
     }
-    assert advise_check.speedups(measured, "d (pinned)", "tli", 0.0, 8, 2) == [1.5, 1.5]
+    assert advise_check.speedups(measured, "d (pinned)", "tli", 0.0, 8, 64, 2) == [1.5, 1.5]
     # tli projected at k = 0 reads the engine's one run drafting nothing, pinned to slem.
-    assert [round(x, 3) for x in advise_check.speedups(measured, "d (pinned)", "tli", 0.0, 8, 0)] == [1.1, 0.9]
-    assert advise_check.speedups(measured, "d (pinned)", "slrs", 1.0, 8, 0) == []  # never measured
+    assert [round(x, 3) for x in advise_check.speedups(measured, "d (pinned)", "tli", 0.0, 8, 64, 0)] == [1.1, 0.9]
+    assert advise_check.speedups(measured, "d (pinned)", "slrs", 1.0, 8, 64, 0) == []  # never measured
+    # a length is compared with plain's run at that length only: none was measured at 256
+    assert advise_check.speedups(measured, "d (pinned)", "tli", 0.0, 8, 256, 2) == []
 
 
 def test_an_engine_is_read_from_the_newest_run_that_has_it_against_that_runs_plain() -> None:
     """A rerun of one engine: the other options keep the earlier run's measurement,
     each over its own run's plain decoding; an engine in no run is listed as missing."""
     def option(drafter: str, rule: str, k: int, projected: float) -> dict:
-        return {"drafter": drafter, "rule": rule, "temperature": 0.0, "batch": 8, "k": k, "projected": projected}
+        return {"drafter": drafter, "rule": rule, "temperature": 0.0, "batch": 8, "k": k, "projected": projected,
+                "by_length": {"64": projected, "256": projected + 1}}
 
     advised = {"options": [option("d", "tli", 2, 1.5), option("q", "draft_model", 4, 0.8), option("g", "tli", 0, 1.0)]}
     earlier = {"plain 1": {"runs": [_run(None, 0.0, 8, None, 4.0, 0)]},
@@ -54,10 +60,13 @@ def test_an_engine_is_read_from_the_newest_run_that_has_it_against_that_runs_pla
     newest = {"plain 1": {"runs": [_run(None, 0.0, 8, None, 2.0, 0)]},
               "q (vLLM draft_model)": {"runs": [_run(None, 0.0, 8, None, 1.6, 0)]},
               "recommended": {"runs": [_run(None, 0.0, 8, None, 3.0, 0)]}}
-    rows, recommended, missing = advise_check.verdicts(advised, [newest, earlier])
-    assert [(r["drafter"], r["measured"]) for r in rows] == [("d", 1.5), ("q", 0.8)]
+    rows, recommended, missing = advise_check.verdicts(advised, [newest, earlier], [64])
+    assert [(r["drafter"], r["measured"], r["projected"]) for r in rows] == [("d", 1.5, 1.5), ("q", 0.8, 0.8)]
     assert recommended[0]["measured"] == 1.5 and recommended[0]["best_option"] == 1.5
-    assert missing == [{"drafter": "g", "rule": "tli", "temperature": 0.0, "batch": 8, "k": 0}]
+    assert missing == [{"drafter": "g", "rule": "tli", "temperature": 0.0, "batch": 8, "k": 0, "tokens": 64}]
+    # at 256 tokens nothing ran: every option is missing there, each projected at 256 its own
+    rows, recommended, missing = advise_check.verdicts(advised, [newest, earlier], [256])
+    assert rows == [] and recommended == [] and len(missing) == 3
 
 
 def test_earlier_runs_keep_only_the_engines_not_rerun_and_their_plain() -> None:

@@ -22,10 +22,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_hetero_spec.advise.projection import StepCosts, best, expected_tokens, group_steps
+from vllm_hetero_spec.advise.projection import StepCosts, at_length, best_at_lengths, expected_tokens, group_steps
 from vllm_hetero_spec.config import SCHEDULE_KEY
 
 DRAFT_MODEL = "draft_model"
+#: Output tokens per request projected at by default: a short reply, a typical one, a long one.
+OUTPUT_LENGTHS = (64, 256, 1024)
 #: The last batch size a written schedule names: a round figure past any measured size
 #: (vLLM carries the last range's k on past it, up to ``max_num_seqs``).
 SCHEDULE_END = 1024
@@ -45,7 +47,8 @@ class Option:
     """One (drafter, method) at one temperature and batch size. ``rule``: ours, or
     :data:`DRAFT_MODEL`; ``acceptance``: per position at the measured length;
     ``draft_cost``: one draft position's cost in target steps; ``projected``: the best
-    ``k``'s speedup; ``sample``: the speedup measured on the sample at the longest ``k``."""
+    ``k``'s speedup, the geometric mean over the output lengths projected at, each in
+    ``by_length``; ``sample``: the speedup measured on the sample at the longest ``k``."""
 
     drafter: str
     rule: str
@@ -57,6 +60,7 @@ class Option:
     acceptance: list[float]
     draft_cost: float
     by_k: dict[int, float] = field(default_factory=dict)
+    by_length: dict[int, float] = field(default_factory=dict)
 
     @property
     def mean_accepted(self) -> float:
@@ -141,11 +145,14 @@ def _tail(run: dict[str, Any], acceptance: list[float], k: int, b: int) -> float
     return max(observed / predicted, 1.0) if predicted > 0 and observed > 0 else 1.0
 
 
-def hetero_options(drafter: str, hetero: dict[str, Any], plain: dict[str, Any], k_max: int) -> list[Option]:
-    """Our rules' options for one drafter. Costs are in units of the plain engine's
-    decode step; a rule's cost per draft position is its own (its median proposal at the
-    longest ``k``, less the sweep's fixed cost), and the drafter's reading of each
-    prompt is what the run's non-steady proposals took beyond a steady one."""
+def hetero_options(drafter: str, hetero: dict[str, Any], plain: dict[str, Any], k_max: int,
+                   lengths: tuple[int, ...] = OUTPUT_LENGTHS) -> list[Option]:
+    """Our rules' options for one drafter, projected at output ``lengths``. Costs are in
+    units of the plain engine's decode step; a rule's cost per draft position is its own
+    (its median proposal at the longest ``k``, less the sweep's fixed cost); a group's
+    prefill is the plain run's time to its first tokens, and the drafter's reading of its
+    prompts what the run's non-steady proposals took beyond a steady one, each per group
+    of ``b`` requests: paid once per request, whatever its length."""
     out = []
     by_b = {b: sweep_costs(hetero, b) for b in sorted({s["b"] for s in hetero["sweep"]})}
     for rule, t in sorted({(r["rule"], r["T"]) for r in hetero["runs"]}):
@@ -160,37 +167,44 @@ def hetero_options(drafter: str, hetero: dict[str, Any], plain: dict[str, Any], 
             if propose is None:
                 propose = host + per_position * k_max
             reading = sum(max(s["propose_s"] - propose, 0.0) for s in run["steps"] if not s["steady"])
+            groups = len(_groups(run["lengths"], b))
             costs = StepCosts({k: v / unit for k, v in target.items()}, max(propose - host, 0.0) / k_max / unit,
-                              host / unit, plain_run["wall_first"] / plain_run["wall"], reading / plain_run["wall"])
-            groups = _groups(plain_run["lengths"], b)
-            chosen = best(acceptance, costs, groups=groups, tail=_tail(run, acceptance, k_max, b))
+                              host / unit, plain_run["wall_first"] / len(_groups(plain_run["lengths"], b)) / unit,
+                              reading / groups / unit)
+            chosen = best_at_lengths(acceptance, costs, b, lengths, _tail(run, acceptance, k_max, b))
             out.append(Option(drafter, rule, t, b, chosen.k, chosen.speedup, _tok_per_s(run) / _tok_per_s(plain_run),
-                              acceptance, costs.draft_forward, chosen.by_k))
+                              acceptance, costs.draft_forward, chosen.by_k, chosen.by_length))
     return out
 
 
-def draft_model_options(drafter: str, measured: dict[str, Any], plain: dict[str, Any], k_max: int) -> list[Option]:
-    """vLLM's ``draft_model`` with the same drafter at its fixed ``k``: each run's
-    measured speedup, its decode time rescaled from the run's own acceptance to the
-    acceptance pooled over the runs at its temperature. Acceptance is the pair's and the
-    prompts', not the batch's, yet one run's at T > 0 is a draw (on one sample, batch 1
-    and batch 8 accepted 2.4 and 2.8 tokens a step); pooled, as :func:`hetero_options`
-    pools ours, the draw weighs half as much. The prefill's time (the plain run's,
-    to its first tokens) is left as measured."""
+def draft_model_options(drafter: str, measured: dict[str, Any], plain: dict[str, Any], k_max: int,
+                        lengths: tuple[int, ...] = OUTPUT_LENGTHS) -> list[Option]:
+    """vLLM's ``draft_model`` with the same drafter at its fixed ``k``, projected at output
+    ``lengths`` from each run's measured decode step: the run's time past the plain
+    run's prefill, over the decode steps its own acceptance predicts. At each length the
+    steps are counted with the acceptance pooled over the runs at its temperature.
+    Acceptance is the pair's and the prompts', not the batch's, yet one run's at T > 0
+    is a draw (on one sample, batch 1 and batch 8 accepted 2.4 and 2.8 tokens a step);
+    pooled, as :func:`hetero_options` pools ours, the draw weighs half as much. Its
+    prefill is the plain run's, so the drafter's first pass over each prompt counts as part
+    of the measured steps: at lengths past the sample's it is counted again per step,
+    which errs against ``draft_model``, never for it."""
     out = []
     for run in measured["runs"]:
         t, b = run["T"], run["b"]
         plain_run = _plain(plain, t, b)
+        unit = plain_step(plain_run, b)
         own = _acceptance([run], k_max)
         pooled = _acceptance([r for r in measured["runs"] if r["T"] == t], k_max)
         groups = _groups(run["lengths"], b)
-        steps = group_steps(own, k_max, groups)
         first = min(plain_run["wall_first"], run["wall"])
-        wall = first + (run["wall"] - first) * (group_steps(pooled, k_max, groups) / steps if steps > 0 else 1.0)
-        base = _tok_per_s(plain_run)
-        projected = sum(run["lengths"]) / wall / base
-        out.append(Option(drafter, DRAFT_MODEL, t, b, k_max, projected, _tok_per_s(run) / base, pooled,
-                          float("nan"), {k_max: projected}))
+        steps = group_steps(own, k_max, groups)
+        step = (run["wall"] - first) / steps / unit if steps > 0 else 1.0
+        costs = StepCosts({k_max: step}, 0.0, 0.0, first / len(groups) / unit)
+        by_length = {n: at_length(pooled, costs, k_max, b, n) for n in lengths}
+        projected = geometric_mean(list(by_length.values()))
+        out.append(Option(drafter, DRAFT_MODEL, t, b, k_max, projected, _tok_per_s(run) / _tok_per_s(plain_run),
+                          pooled, float("nan"), {k_max: projected}, by_length))
     return out
 
 

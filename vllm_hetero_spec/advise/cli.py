@@ -25,14 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from vllm_hetero_spec.advise.analysis import (
-    AdviseError, ConfigNames, Option, Recommendation, draft_model_label, draft_model_options, hetero_options,
-    recommend)
+    OUTPUT_LENGTHS, AdviseError, ConfigNames, Option, Recommendation, draft_model_label, draft_model_options,
+    hetero_options, recommend)
 from vllm_hetero_spec.advise.prompts import BUILT_IN, PromptError, load_prompts
 from vllm_hetero_spec.advise.report import plot, table, verdict, write_json
 from vllm_hetero_spec.advise.session import PROGRESS, base_job, planned_calls
 from vllm_hetero_spec.config import LOSSLESS_RULES, HeteroSettings
 from vllm_hetero_spec.model_names import ModelNotFound, locate
 
+DEFAULT_LENGTHS = ",".join(map(str, OUTPUT_LENGTHS))
 #: Bytes per weight by dtype name (the engine's, not the checkpoint's).
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 #: The KV cache an engine gets on a CPU where the user set none: vLLM's CPU backend
@@ -187,6 +188,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-prompts", type=int, default=13,
                     help="prompts taken from --prompts (default 13: a built-in set gives one per category)")
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens generated per prompt (default 48)")
+    ap.add_argument("--output-lengths", default=DEFAULT_LENGTHS,
+                    help="output tokens per request to project at and choose the config for: the lengths your "
+                         f"users generate (default {DEFAULT_LENGTHS})")
     ap.add_argument("--batch-sizes", default="1,8", help="batch sizes to project for (default 1,8)")
     ap.add_argument("--temperatures", default="0,1", help="temperatures to project for (default 0,1)")
     ap.add_argument("--rules", help="lossless rules to measure (default: auto's candidates for each temperature)")
@@ -231,6 +235,7 @@ def plan(args: argparse.Namespace, available: tuple[int, str] | None = None) -> 
             raise InputError(f"{flag} {value}: must be at least {low}")
     sizes = _numbers("--batch-sizes", args.batch_sizes, int, 1, "1,8")
     temps = _numbers("--temperatures", args.temperatures, float, 0, "0,1")
+    _numbers("--output-lengths", args.output_lengths, int, 2, DEFAULT_LENGTHS)
     rules_per_temperature(args.rules, temps)  # a bad --rules fails before any model is read
     try:
         prompts = load_prompts(args.prompts, args.num_prompts)
@@ -342,12 +347,15 @@ def report(meta: dict[str, Any], drafters: list[Model], results: Path, out: str 
     by label: ``plain``, a drafter's name, ``<name> (vLLM draft_model)``), printed and
     written to ``results`` (table, plot, JSON) and the config to ``out``."""
     measured, k = meta["measured"], meta["args"]["k"]
+    # a result kept by an earlier version has no lengths: today's default
+    lengths = tuple(_numbers("--output-lengths", meta["args"].get("output_lengths") or DEFAULT_LENGTHS, int, 2,
+                             DEFAULT_LENGTHS))
     options: list[Option] = []
     for d in drafters:
         if d.name in measured:
-            options += hetero_options(d.name, measured[d.name], measured["plain"], k)
+            options += hetero_options(d.name, measured[d.name], measured["plain"], k, lengths)
         if draft_model_label(d.name) in measured:
-            options += draft_model_options(d.name, measured[draft_model_label(d.name)], measured["plain"], k)
+            options += draft_model_options(d.name, measured[draft_model_label(d.name)], measured["plain"], k, lengths)
     rec = recommend(options, {d.name: ConfigNames(d.config_name, str(d.folder)) for d in drafters})
     md, says = table(options), verdict(rec)
     print(md)

@@ -7,15 +7,18 @@ the string-level rules' re-tokenized drafts cost more than one forward) and ``h`
 bridge and the proposer's host work. It emits ``E(k) = 1 + r_1 + ... + r_k`` tokens per
 request, ``r_i`` the share of steps whose position ``i`` was accepted (vLLM's
 per-position counters are cumulative: position ``i`` counts only when ``1..i-1`` did).
-A run's prefill costs the same either way, except that the drafter reads each prompt
-too: with ``p`` the prefill's share of a plain run and ``x`` the drafter's reading, in
-the same units, the speedup is ``1 / (p + x + (1 - p) * (v(k) + k c + h) / E(k))``.
 
-A request of ``L`` tokens takes ``L - 1`` plain decode steps but, drafting, about
-``(L - 1) / E(k)`` -- about, because its last step emits only what is left. Where the
-outputs' lengths are known, :func:`decode_steps` counts the expected steps exactly and
-``(L - 1) / E(k)`` becomes that count (for short outputs the difference is large: at
-``L = 12`` and ``E = 2.1``, 6 steps rather than 5.2).
+A group of requests run together (``b`` of them, outputs of ``L`` tokens) costs plain
+decoding ``P + (L - 1)`` units: ``P`` its prefill and first token, then one decode step
+per token. Drafting, it costs ``P + X + n(L) (v(k) + k c + h)``: ``X`` the drafter reading
+each prompt, ``n(L)`` the expected decode steps (:func:`decode_steps`: about
+``(L - 1) / E(k)``, but a last step emits only what is left; at ``L = 12`` and
+``E = 2.1``, 6 steps rather than 5.2). Prefill and reading are paid once per request, the
+decode steps per token, so the same pair gains more on long replies than on short ones:
+:func:`speedup` takes the output lengths, and ``advise`` projects at the lengths users
+generate, not only at its sample's (issue 71: measured on 48-token requests, where the
+reading weighed most, ``advise`` turned sampled drafting off where it paid 1.14x on
+64-token replies). Without lengths, the steady state: ``E(k) / step``.
 
 Pure arithmetic on measured numbers: ``advise`` measures them on the user's machine and
 prompts; ``tests/advise/test_projection.py`` checks the formula against the step
@@ -24,38 +27,41 @@ anatomy recorded by ``benchmarks/step_anatomy.py``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class StepCosts:
-    """One batch size's step costs on one machine, in plain-step units.
+    """One batch size's step costs on one machine, in plain decode steps.
 
     Attributes:
         verify: per draft length ``k``, ``v(k)``: a speculative step without drafting.
         draft_forward: ``c``: one draft position for the whole batch.
         host: ``h``: per drafting step, the bridge and the proposer's host work.
-        prefill_share: ``p``: the share of a plain run spent outside decode steps.
-        prefill_extra: ``x``: what drafting adds outside decode steps (the drafter reading
-            each prompt), as a share of a plain run.
+        prefill: ``P``: a group's prefill and first token, the same with or without drafting.
+        reading: ``X``: what drafting adds to a group outside its decode steps (the
+            drafter reading each prompt).
     """
 
     verify: dict[int, float]
     draft_forward: float
     host: float = 0.0
-    prefill_share: float = 0.0
-    prefill_extra: float = 0.0
+    prefill: float = 0.0
+    reading: float = 0.0
 
 
 @dataclass(frozen=True)
 class Projection:
     """The best draft length for one (drafter, rule, batch, temperature) and its speedup;
-    ``by_k``: the speedup at every draft length measured (``k = 0``: plain, 1.0)."""
+    ``by_k``: the speedup at every draft length measured (``k = 0``: plain, 1.0);
+    ``by_length``: the chosen ``k``'s speedup per output length projected at."""
 
     k: int
     speedup: float
     by_k: dict[int, float] = field(default_factory=dict)
+    by_length: dict[int, float] = field(default_factory=dict)
 
 
 def expected_tokens(acceptance: Sequence[float], k: int) -> float:
@@ -85,28 +91,27 @@ def group_steps(acceptance: Sequence[float], k: int, groups: Sequence[Sequence[i
     return sum(decode_steps(acceptance, k, max(g) - 1) for g in groups)
 
 
-def step_ratio(acceptance: Sequence[float], k: int, groups: Sequence[Sequence[int]] | None,
-               tail: float = 1.0) -> float:
-    """Decode steps drafting ``k`` over plain decode steps: ``1 / E(k)``, or, given the
-    output lengths of each group of requests run together, the expected count
-    (:func:`group_steps`) times ``tail``: how many more steps a batch took than that
-    count said, measured (requests accept at different rates, and a group waits for
-    its slowest)."""
-    if not groups:
-        return 1.0 / expected_tokens(acceptance, k)
-    plain = sum(max(g) - 1 for g in groups)
-    return tail * group_steps(acceptance, k, groups) / plain if plain > 0 else 1.0
-
-
 def speedup(acceptance: Sequence[float], costs: StepCosts, k: int, groups: Sequence[Sequence[int]] | None = None,
             tail: float = 1.0) -> float:
-    """The projected speedup over plain decoding of drafting ``k`` tokens every step
-    (``groups``, ``tail``: see :func:`step_ratio`)."""
+    """The projected speedup over plain decoding of drafting ``k`` tokens every step, for
+    groups of requests run together (each group's output lengths; it runs until its
+    longest ends), or in the steady state without ``groups``. ``tail``: how many more
+    decode steps a batch took than the expected count, measured (requests accept at
+    different rates, and a group waits for its slowest)."""
     if k == 0:
         return 1.0
     step = costs.verify[k] + k * costs.draft_forward + costs.host
-    decode = step * step_ratio(acceptance, k, groups, tail)
-    return 1.0 / (costs.prefill_share + costs.prefill_extra + (1.0 - costs.prefill_share) * decode)
+    if not groups:
+        return expected_tokens(acceptance, k) / step
+    plain = sum(costs.prefill + max(g) - 1 for g in groups)
+    drafting = sum(costs.prefill + costs.reading for _ in groups) + tail * group_steps(acceptance, k, groups) * step
+    return plain / drafting
+
+
+def at_length(acceptance: Sequence[float], costs: StepCosts, k: int, batch: int, tokens: int,
+              tail: float = 1.0) -> float:
+    """:func:`speedup` for one group of ``batch`` requests of ``tokens`` output tokens each."""
+    return speedup(acceptance, costs, k, [[tokens] * batch], tail)
 
 
 def best(acceptance: Sequence[float], costs: StepCosts, groups: Sequence[Sequence[int]] | None = None,
@@ -119,3 +124,19 @@ def best(acceptance: Sequence[float], costs: StepCosts, groups: Sequence[Sequenc
             by_k[k] = speedup(acceptance, costs, k, groups, tail)
     k = max(by_k, key=lambda n: by_k[n])
     return Projection(k, by_k[k], by_k)
+
+
+def best_at_lengths(acceptance: Sequence[float], costs: StepCosts, batch: int, lengths: Sequence[int],
+                    tail: float = 1.0) -> Projection:
+    """The draft length with the best geometric mean of the speedups at ``lengths``
+    (output tokens per request, ``batch`` requests together): one config serves replies
+    of every length, so it is chosen for the mix, and each length's speedup is reported."""
+    def at(k: int, tokens: int) -> float:
+        return at_length(acceptance, costs, k, batch, tokens, tail)
+
+    by_k = {0: 1.0}
+    for k in sorted(costs.verify):
+        if 0 < k <= len(acceptance):
+            by_k[k] = math.exp(sum(math.log(max(at(k, n), 1e-9)) for n in lengths) / len(lengths))
+    k = max(by_k, key=lambda n: by_k[n])
+    return Projection(k, by_k[k], by_k, {n: at(k, n) for n in lengths})

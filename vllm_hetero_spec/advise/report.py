@@ -15,12 +15,19 @@ def _fmt(x: float, spec: str = ".2f") -> str:
     return "-" if x != x else format(x, spec)  # NaN: not measured
 
 
+def _by_length(o: Option) -> str:
+    return " / ".join(f"{v:.2f}x" for _, v in sorted(o.by_length.items()))
+
+
 def table(options: list[Option]) -> str:
     """One row per drafter, method and temperature; per batch size the projected speedup
-    with its best k, and the sample's measured speedup at the longest k."""
+    with its best k (the geometric mean over the output lengths), the speedup at each
+    length, and the sample's measured speedup at the longest k."""
     sizes = sorted({o.batch for o in options})
+    lengths = "/".join(str(n) for n in sorted({n for o in options for n in o.by_length}))
     head = ["drafter", "rule", "T", "acceptance per position", "E(k)", "draft/target"]
-    head += [f"b={b}: projected (k)" for b in sizes] + [f"b={b}: sample" for b in sizes]
+    head += [f"b={b}: projected (k)" for b in sizes] + [f"b={b}: at {lengths} tokens" for b in sizes]
+    head += [f"b={b}: sample" for b in sizes]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups: dict[tuple[str, str, float], dict[int, Option]] = {}
     for o in options:
@@ -30,6 +37,7 @@ def table(options: list[Option]) -> str:
         cells = [drafter, rule, f"{t:g}", " ".join(f"{a:.2f}" for a in first.acceptance),
                  f"{first.mean_accepted:.2f}", _fmt(first.draft_cost)]
         cells += [f"{by_b[b].projected:.2f}x ({by_b[b].k})" if b in by_b else "-" for b in sizes]
+        cells += [_by_length(by_b[b]) if b in by_b else "-" for b in sizes]
         cells += [f"{by_b[b].sample:.2f}x" if b in by_b else "-" for b in sizes]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -45,8 +53,10 @@ def verdict(rec: Recommendation) -> str:
     else:
         fixed = ", a fixed k" if rec.config.get("draft_budget") == "fixed" else ""
         what = f"vllm_hetero_spec (algorithm {rec.config['algorithm']}{fixed})"
-    gains = ", ".join(f"T={t:g} b={b}: {o.projected:.2f}x" for (t, b), o in sorted(rec.per_setting.items()))
-    return f"Use {rec.drafter} with {what}: {rec.score:.2f}x plain decoding (geometric mean; {gains})."
+    lengths = "/".join(str(n) for n in sorted({n for o in rec.per_setting.values() for n in o.by_length}))
+    gains = ", ".join(f"T={t:g} b={b}: {_by_length(o)}" for (t, b), o in sorted(rec.per_setting.items()))
+    return (f"Use {rec.drafter} with {what}: {rec.score:.2f}x plain decoding (geometric mean; at {lengths} "
+            f"output tokens, {gains}).")
 
 
 def plot(options: list[Option], drafters: list[str], path: Path) -> Path | None:
@@ -88,10 +98,12 @@ def write_json(path: Path, options: list[Option], rec: Recommendation, meta: dic
         **meta,
         "recommendation": {"drafter": rec.drafter, "method": rec.method, "geomean_speedup": rec.score,
                            "config": rec.config, "per_drafter": rec.configs,
-                           "per_setting": [{"T": t, "b": b, "rule": o.rule, "k": o.k, "projected": o.projected}
+                           "per_setting": [{"T": t, "b": b, "rule": o.rule, "k": o.k, "projected": o.projected,
+                                            "by_length": {str(n): v for n, v in o.by_length.items()}}
                                            for (t, b), o in sorted(rec.per_setting.items())]},
         "options": [{**dataclasses.asdict(o), "mean_accepted": o.mean_accepted,
                      "draft_cost": None if o.draft_cost != o.draft_cost else o.draft_cost,
-                     "by_k": {str(k): v for k, v in o.by_k.items()}} for o in options],
+                     "by_k": {str(k): v for k, v in o.by_k.items()},
+                     "by_length": {str(n): v for n, v in o.by_length.items()}} for o in options],
     }
     path.write_text(json.dumps(data, indent=1) + "\n")

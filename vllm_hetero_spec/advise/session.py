@@ -20,8 +20,9 @@ engine, one at a time, so that a large target's memory is freed between them):
   recommends, checked on other prompts), measured like ``draft_model``.
 
 A job with ``pins`` (``{"T", "b"}`` each, and for ``hetero`` ``"rule"`` and ``"k"``;
-``"round"`` is carried to the result) runs just those settings, no sweep: how a
-projection is checked on prompts ``advise`` did not see.
+``"max_tokens"`` where it differs from the job's; ``"round"`` is carried to the result)
+runs just those settings, no sweep: how a projection is checked on prompts ``advise``
+did not see, at the output lengths it projected for.
 
 Progress goes to stdout as ``ADVISE-PROGRESS <done> <total>`` lines, which the parent
 turns into a progress bar; everything else (vLLM's logs) into its log file.
@@ -147,11 +148,12 @@ class Session:
     def _first_rule(self) -> str:
         return self.job["rules"][str(self.job["temperatures"][0])][0]
 
-    def measure(self, rule: str | None, t: float, b: int, k: int) -> dict[str, Any]:
-        """The whole sample at temperature ``t``, ``b`` requests at a time (ours: pinned
-        to ``rule`` and ``k``): wall time, output lengths, and the engine's counters."""
+    def measure(self, rule: str | None, t: float, b: int, k: int, max_tokens: int) -> dict[str, Any]:
+        """The whole sample at temperature ``t``, ``b`` requests at a time, ``max_tokens``
+        each (ours: pinned to ``rule`` and ``k``): wall time, output lengths, and the
+        engine's counters."""
         job, everything = self.job, list(range(len(self.prompts)))
-        run: dict[str, Any] = {"T": t, "b": b, "rule": rule, "k": k}
+        run: dict[str, Any] = {"T": t, "b": b, "rule": rule, "k": k, "max_tokens": max_tokens}
         if job["kind"] == "plain" and job.get("first_token", True):
             run["wall_first"], _ = self.generate(everything, b, t, 1)
             self.tick()
@@ -159,7 +161,7 @@ class Session:
             self.pin(rule, k)
         counted = job["kind"] != "plain"
         before = {m.name: m for m in self.llm.get_metrics()} if counted else {}
-        run["wall"], run["lengths"] = self.generate(everything, b, t, job["max_tokens"])
+        run["wall"], run["lengths"] = self.generate(everything, b, t, max_tokens)
         if counted:
             run["counters"] = spec_decode_delta(before, self.llm.get_metrics())
         if self.hetero:
@@ -172,7 +174,8 @@ class Session:
         job = self.job
         out: dict[str, Any] = {"kind": job["kind"], "sweep": [], "runs": []}
         if job.get("pins"):
-            out["runs"] = [{**self.measure(p.get("rule"), p["T"], p["b"], p.get("k", job["k"])),
+            out["runs"] = [{**self.measure(p.get("rule"), p["T"], p["b"], p.get("k", job["k"]),
+                                           p.get("max_tokens", job["max_tokens"])),
                             "round": p.get("round", 0)} for p in job["pins"]]
             return out
         if self.hetero:
@@ -185,7 +188,7 @@ class Session:
         for t in job["temperatures"]:
             for rule in job["rules"][str(t)] if self.hetero else [None]:
                 for b in job["batch_sizes"]:
-                    out["runs"].append(self.measure(rule, t, b, job["k"]))
+                    out["runs"].append(self.measure(rule, t, b, job["k"], job["max_tokens"]))
         return out
 
 
