@@ -437,14 +437,14 @@ MUTATIONS = [
     Mutation(
         "advise-no-prefill-share", "advise projects decode steps alone, as if a run had no prefill",
         "vllm_hetero_spec/advise/analysis.py",
-        'plain_run["wall_first"] / plain_run["wall"], reading',
-        "0.0, reading",
+        'plain_run["wall_first"] / len(_groups(plain_run["lengths"], b)) / unit',
+        "0.0",
         ("tests/advise/test_analysis.py",),
     ),
     Mutation(
         "advise-no-prompt-reading", "advise leaves out the drafter's reading of each prompt",
         "vllm_hetero_spec/advise/analysis.py",
-        'reading / plain_run["wall"])',
+        "reading / groups / unit)",
         "0.0)",
         ("tests/advise/test_analysis.py",),
     ),

@@ -17,7 +17,12 @@ def test_same_tokens_as_vllms_sampler_in_a_batch_with_greedy_rows() -> None:
     """Rows as vLLM passes them after temperature: greedy requests with k = vocab and
     p = 1 beside top-k/top-p ones, seeded and unseeded; the same tokens, draw after draw,
     and vLLM's sort never runs."""
-    import vllm._C  # noqa: F401 -- the CPU build's sampling kernels (fused_gumbel_argmax)
+    from vllm.platforms import current_platform
+
+    # The CPU build's sampling kernels (fused_gumbel_argmax), loaded as vLLM loads them: its
+    # library for this CPU's instruction set (`import vllm._C` is the AVX-512 bf16 build,
+    # an illegal instruction on an AVX2-only CPU).
+    current_platform.import_kernels()
 
     vocab, rows = 50_000, 12
     gen = torch.Generator().manual_seed(1)
