@@ -241,7 +241,37 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
                      fmt(r["acceptance_rate"], ".1%"), rules])
     lines += table(["target", "batch", "T", "configuration", "tok/s (runs)", "speedup", "spread", "acceptance",
                     "rules chosen (auto)"], rows)
-    return "\n".join(lines + time_split(runs)) + "\n"
+    return "\n".join(lines + budget_split(runs) + time_split(runs)) + "\n"
+
+
+def budget_split(runs: list[dict]) -> list[str]:
+    """What the budget chose and what exploring cost, per configuration that reports it:
+    the steps at each draft length (summed over its runs), and the adaptive budget's
+    exploration (steps planned before its costs were known, probes, the loss the model
+    expected of them, probe slots skipped), so that a configuration that trails another
+    shows whether it drafted other lengths or paid to explore."""
+    rows = []
+    for key, mine in by_configuration([r for r in runs if "error" not in r and r.get("draft_lengths")]).items():
+        steps: dict[int, int] = {}
+        for r in mine:
+            for k, n in r["draft_lengths"].items():
+                steps[int(k)] = steps.get(int(k), 0) + n
+        total = sum(steps.values()) or 1
+        lengths = " ".join(f"{k}:{n / total:.0%}" for k, n in sorted(steps.items()))
+        found = [r["exploration"] for r in mine if r.get("exploration")]
+        if found:
+            warmup, probes, skipped = (sum(e[f] for e in found) for f in ("warmup", "probes", "skipped"))
+            loss = sum(e["probe_loss_s"] for e in found) / sum(r["elapsed_s"] for r in mine)
+            explored = f"{warmup} / {probes} / {loss:.1%} / {skipped}"
+        else:
+            explored = "-"
+        rows.append([*key, total, lengths, explored])
+    if not rows:
+        return []
+    return ["", "The budget's draft lengths (share of steps at each k, over the runs) and its exploration "
+            "(warm-up steps / probes / their expected loss, as a share of the timed seconds / probe slots "
+            "skipped):", "",
+            *table(["target", "batch", "T", "configuration", "steps", "draft lengths", "exploration"], rows)]
 
 
 def time_split(runs: list[dict]) -> list[str]:

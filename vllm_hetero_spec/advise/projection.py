@@ -16,9 +16,8 @@ each prompt, ``n(L)`` the expected decode steps (:func:`decode_steps`: about
 ``E = 2.1``, 6 steps rather than 5.2). Prefill and reading are paid once per request, the
 decode steps per token, so the same pair gains more on long replies than on short ones:
 :func:`speedup` takes the output lengths, and ``advise`` projects at the lengths users
-generate, not only at its sample's (issue 71: measured on 48-token requests, where the
-reading weighed most, ``advise`` turned sampled drafting off where it paid 1.14x on
-64-token replies). Without lengths, the steady state: ``E(k) / step``.
+generate, not only at its sample's, whose short requests weigh the reading most.
+Without lengths, the steady state: ``E(k) / step``.
 
 Pure arithmetic on measured numbers: ``advise`` measures them on the user's machine and
 prompts; ``tests/advise/test_projection.py`` checks the formula against the step
