@@ -73,6 +73,20 @@ def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, pla
     return out
 
 
+def auto_variant(text: str) -> tuple[str, dict]:
+    """``LABEL=JSON`` as (label, settings); the label may hold ``=`` itself (``fixed k=2``):
+    the settings start at the first ``={``."""
+    label, sep, settings = text.partition("={")
+    try:
+        parsed = json.loads("{" + settings) if sep else None
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"--auto-variant {text!r}: the settings are not JSON ({err})") from None
+    if not label or not isinstance(parsed, dict):
+        raise SystemExit(f"--auto-variant {text!r}: expected LABEL=JSON object, e.g. 'fixed k=2={{\"draft_budget\": "
+                         "\"fixed\", \"num_speculative_tokens\": 2}'")
+    return label, parsed
+
+
 def seeds_work(batch_size: int, temperature: float) -> bool:
     """Whether a cell can seed its requests on vLLM 0.32.0's CPU build.
 
@@ -127,7 +141,7 @@ def main() -> None:
         previous = read_result(args.name)
         runs, meta = previous["runs"], appended_meta(previous["meta"], meta)
     variants = (*((f"{dtype} drafter", {"draft_dtype": dtype}) for dtype in args.draft_dtypes),
-                *((label, json.loads(settings)) for label, settings in (v.split("=", 1) for v in args.auto_variant)))
+                *(auto_variant(v) for v in args.auto_variant))
     cells = [(t, bs, temp) for t in args.targets for bs in args.batch_sizes for temp in args.temperatures]
     first = 1 + max((r.get("repeat", -1) for r in runs), default=-1)  # --append: rounds go on counting
     for rep in range(first, first + args.repeats):

@@ -5,6 +5,8 @@ the timed seconds. Pure Python, no engine."""
 from __future__ import annotations
 
 import sys
+
+import pytest
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -33,3 +35,11 @@ def test_lengths_are_summed_over_runs_and_exploration_is_a_share_of_the_timed_se
 
 def test_no_table_without_recorded_lengths() -> None:
     assert defaults.budget_split([_run("plain", {}, None, 10.0)]) == []
+
+
+def test_an_auto_variant_label_may_hold_an_equals_sign() -> None:
+    assert defaults.auto_variant('fixed k=2={"num_speculative_tokens": 2}') == ("fixed k=2",
+                                                                               {"num_speculative_tokens": 2})
+    for bad in ("no settings", "k=2={not json", '={"a": 1}'):
+        with pytest.raises(SystemExit, match="--auto-variant"):
+            defaults.auto_variant(bad)
