@@ -1,13 +1,13 @@
-"""``benchmarks/defaults.py``'s budget table: the draft lengths each configuration chose,
+"""``benchmarks/defaults.py``'s budget table (the draft lengths each configuration chose,
 summed over its runs, and what the adaptive budget's exploration cost, as a share of
-the timed seconds. Pure Python, no engine."""
+the timed seconds) and its ``--auto-variant`` parsing. Pure Python, no engine."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:  # the scripts import their siblings
