@@ -8,8 +8,8 @@ Why the counts age by *verdicts*, not by steps: a position's estimate may only m
 evidence about it. When every count faded each step, a position the budget had stopped
 drafting (k = 3 and 4 on the 1.5B target, where they pay less than k = 2) drifted back to
 the optimistic prior within a few dozen steps, so the budget paid to draft it again, saw
-it lose again, and so on. So a position's counts
-fade (``memory``) only in the steps that judged it, and keep what they learnt otherwise.
+it lose again, and so on. So a position's counts fade (``memory``) only in the steps that
+judged it, and keep what they learnt otherwise.
 
 A request's own counts are different: they say how far it strays from the overall
 estimate, and only for a while (a reply moves between prose and code), so they age by
