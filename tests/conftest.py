@@ -77,17 +77,18 @@ def _seed_every_draw(request: pytest.FixtureRequest) -> None:
 #: The e2e pass runs in two lanes (``scripts/test.sh``: pytest-xdist, a worker per core),
 #: each a group of modules run in this order, their engines sharing the cores through
 #: leases (``hetero_harness/cores.py``). A module's engines hold one core (the rules'
-#: engines, advise, the batch schedule, lifecycle) or, for memory or for their ranks and
-#: actors, every core (the README's commands, serving, Ray, tensor and data
-#: parallelism), so the pass is bound by its core-seconds; the order below is the one a
+#: engines, advise, the batch schedule, lifecycle, Ray's engine with its actor) or, for
+#: memory or for their ranks, every core (the README's commands, serving, tensor and data
+#: parallelism), so the pass is bound by its core-seconds. The order below is the one a
 #: simulation of the leases with each module's measured hold times found quickest
-#: (docs/testing.md, "Where the time goes"). The serving module's servers load the
+#: (docs/testing.md, "Where the time goes"): the one-core modules pair up first, then the
+#: whole-machine ones run one after another. The serving module's servers load the
 #: compile of the README's server, so they share a lane; the Gemma pair's modules share
 #: the target alone through a file (``e2e/conftest.py``), so they may sit in either.
 E2E_GROUPS: dict[str, tuple[str, ...]] = {
-    "lane-1": ("test_readme_commands.py", "test_serving.py", "test_e2e_rules.py", "test_batch_schedule.py",
-               "test_serving_scale.py"),
-    "lane-2": ("test_ray_executor.py", "test_advise.py", "test_lifecycle.py", "test_tensor_parallel.py"),
+    "lane-1": ("test_e2e_rules.py", "test_lifecycle.py", "test_batch_schedule.py"),
+    "lane-2": ("test_ray_executor.py", "test_advise.py", "test_readme_commands.py", "test_serving.py",
+               "test_serving_scale.py", "test_tensor_parallel.py"),
 }
 _GROUP_OF = {name: group for group, names in E2E_GROUPS.items() for name in names}
 _E2E_ORDER = {name: (g, i) for g, names in enumerate(E2E_GROUPS.values()) for i, name in enumerate(names)}

@@ -113,8 +113,9 @@ def test_32_concurrent_mixed_requests(servers) -> None:
     def run(server: ServerProcess, kind: str, prompt: str, n: int, stream: bool) -> str:
         return (chat if kind == "chat" else complete)(server, prompt, n, stream)
 
-    got = parallel(run, [(hetero, *job) for job in jobs])
-    want = parallel(run, [(plain, *job) for job in jobs])
+    # Both servers at once, each on its own core: each serves its 32 as one load.
+    out = parallel(run, [(server, *job) for server in (hetero, plain) for job in jobs])
+    got, want = out[:len(jobs)], out[len(jobs):]
     assert all(g for g in got), "a request came back empty"
     assert got == want
     assert hetero.metric_sum("hetero:fallbacks_total") == 0
@@ -146,20 +147,21 @@ def test_min_p_logit_bias_and_seeds_over_http(servers, qwen05: str) -> None:
     concurrent requests, and another seed another text."""
     plain, hetero = servers
     prompt = BRIDGE_STRESS[0]
-    unbiased = _text(plain, prompt)
+    sampled = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 32}
+    # The seeded request alone on the hetero server while the plain one answers the
+    # unbiased request; then everything else on both at once: the seeded request among
+    # six others on the hetero server, the biased one on the plain server.
+    alone, unbiased = parallel(lambda fn: fn(), [(lambda: _text(hetero, prompt, seed=5, **sampled),),
+                                                 (lambda: _text(plain, prompt),)])
     first = AutoTokenizer.from_pretrained(qwen05)(unbiased).input_ids[0]
     bias = {str(first): -100, "279": 5}  # the plain text's first token banned, " the" up
-    sampled = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 32}
-    # The seeded request alone on the hetero server (the plain one answers beside it),
-    # then everything else at once: the seeded request among six others.
-    alone, plain_biased = parallel(lambda fn: fn(), [(lambda: _text(hetero, prompt, seed=5, **sampled),),
-                                                     (lambda: _text(plain, prompt, logit_bias=bias),)])
-    jobs = [(p, {**sampled}) for p in BRIDGE_STRESS[1:4]] + [(prompt, {**sampled, "seed": 5})]
-    jobs += [(p, {**sampled}) for p in BRIDGE_STRESS[4:7]]
-    jobs += [(prompt, {"logit_bias": bias}), (prompt, {"temperature": 1.0, "extra_body": {"min_p": 1.0}}),
-             (prompt, {**sampled, "seed": 6})]
-    out = parallel(lambda p, extra: _text(hetero, p, **extra), jobs)
-    among, (biased, min_p, other_seed) = out[:7], out[7:]
+    jobs = [(hetero, p, {**sampled}) for p in BRIDGE_STRESS[1:4]] + [(hetero, prompt, {**sampled, "seed": 5})]
+    jobs += [(hetero, p, {**sampled}) for p in BRIDGE_STRESS[4:7]]
+    jobs += [(hetero, prompt, {"logit_bias": bias}),
+             (hetero, prompt, {"temperature": 1.0, "extra_body": {"min_p": 1.0}}),
+             (hetero, prompt, {**sampled, "seed": 6}), (plain, prompt, {"logit_bias": bias})]
+    out = parallel(lambda server, p, extra: _text(server, p, **extra), jobs)
+    among, (biased, min_p, other_seed, plain_biased) = out[:7], out[7:]
     assert biased == plain_biased != unbiased
     assert min_p == unbiased
     assert among[3] == alone
