@@ -77,18 +77,22 @@ def _seed_every_draw(request: pytest.FixtureRequest) -> None:
 #: The e2e pass runs in two lanes (``scripts/test.sh``: pytest-xdist, a worker per core),
 #: each a group of modules run in this order, their engines sharing the cores through
 #: leases (``hetero_harness/cores.py``). A module's engines hold one core (the rules'
-#: engines, advise, the batch schedule, lifecycle, Ray's engine with its actor) or, for
-#: memory or for their ranks, every core (the README's commands, serving, tensor and data
-#: parallelism), so the pass is bound by its core-seconds. The order below is the one a
-#: simulation of the leases with each module's measured hold times found quickest
-#: (docs/testing.md, "Where the time goes"): the one-core modules pair up first, then the
-#: whole-machine ones run one after another. The serving module's servers load the
-#: compile of the README's server, so they share a lane; the Gemma pair's modules share
-#: the target alone through a file (``e2e/conftest.py``), so they may sit in either.
+#: engines, advise, the batch schedule, lifecycle, Ray's engine with its actor, the
+#: data-parallel server, the tensor-parallel engine) or, for memory, every core (the
+#: README's commands and the serving module's servers), so the pass is bound by its core-seconds, and a core sits idle whenever
+#: one lane waits for every core while the other still runs a one-core module. So each
+#: lane runs its one-core modules first, and the two lanes' one-core modules are sized to
+#: end at about the same time (the lease trace's hold times, docs/testing.md, "Where the
+#: time goes": the rules' engines, the target alone, lifecycle and tensor parallelism
+#: against Ray, advise, the data-parallel server and the batch schedule);
+#: then the whole-machine modules run one after another, whichever lane asks first. The
+#: serving module's servers load the compile of the README's server, so they share a
+#: lane; the Gemma pair's modules share the target alone through a file
+#: (``e2e/conftest.py``), so they may sit in either.
 E2E_GROUPS: dict[str, tuple[str, ...]] = {
-    "lane-1": ("test_e2e_rules.py", "test_lifecycle.py", "test_batch_schedule.py"),
-    "lane-2": ("test_ray_executor.py", "test_advise.py", "test_readme_commands.py", "test_serving.py",
-               "test_serving_scale.py", "test_tensor_parallel.py"),
+    "lane-1": ("test_e2e_rules.py", "test_lifecycle.py", "test_tensor_parallel.py", "test_readme_commands.py",
+               "test_serving.py"),
+    "lane-2": ("test_ray_executor.py", "test_advise.py", "test_serving_scale.py", "test_batch_schedule.py"),
 }
 _GROUP_OF = {name: group for group, names in E2E_GROUPS.items() for name in names}
 _E2E_ORDER = {name: (g, i) for g, names in enumerate(E2E_GROUPS.values()) for i, name in enumerate(names)}

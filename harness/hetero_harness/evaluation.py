@@ -52,7 +52,9 @@ def _run_child(job: dict[str, Any], timeout: float, env: dict[str, str] | None, 
     argv = [sys.executable, "-m", "hetero_harness.evaluation", json.dumps(job)]
     if core is not None:
         argv.append(str(core))
-        env = {**(env or {}), "VLLM_CPU_OMP_THREADS_BIND": str(core)}
+        # vLLM binds the worker's threads to the core, unless the caller binds several
+        # workers itself (tensor parallelism on one core: "N|N").
+        env = {"VLLM_CPU_OMP_THREADS_BIND": str(core), **(env or {})}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**default_env(), **(env or {})})
     if charge:
@@ -239,11 +241,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         probe["draft_forward_ms"] = llm.collective_rpc("hetero_probe_draft_ms", args=(job["draft_ms_batches"],))[0]
     runner_calls = probe.pop("runner_calls")
     # Requests run again one at a time, after the batch (another batch, another history).
-    solo, solo_each, seen = [], [], {m.name: m for m in after}
+    solo, solo_each, solo_accepted, seen = [], [], [], {m.name: m for m in after}
     for i in job.get("solo", []):
         solo.append(llm.generate([prompts[i]], [params(i)], use_tqdm=False)[0])
         now = llm.get_metrics()
-        solo_each.append(spec_decode_delta(seen, now)["num_drafts"])
+        delta = spec_decode_delta(seen, now)
+        solo_each.append(delta["num_drafts"])
+        solo_accepted.append(delta["num_accepted_tokens"])
         seen = {m.name: m for m in now}
     solo_drafts = sum(solo_each)
 
@@ -259,6 +263,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         "solo_token_ids": [list(o.outputs[0].token_ids) for o in solo],
         "solo_num_drafts": solo_drafts,
         "solo_num_drafts_each": solo_each,
+        "solo_num_accepted_each": solo_accepted,
         # What a request's params asked for beyond its first completion's tokens.
         "extras": [_extras(o) for o in outputs],
     }

@@ -76,6 +76,11 @@ LONG_GREEDY = Rows("long greedy", greedy=True, tokens=32)
 REFERENCE_ROWS = (GREEDY, Rows("sampled", N_REF), Rows("control", N, temperature=0.5),
                   Rows("json", N_REF, schema=SCHEMA), PREEMPT, LONG_GREEDY)
 
+#: fsd at tau = 0 with its output layer over SmolLM2's 16384 most frequent tokens: a q that
+#: is 0 on two thirds of the vocabulary must still verify exactly. A setting of the engine,
+#: so it rides the lifecycle engine (lifecycle_job.py) rather than a rules engine.
+FSD = {"algorithm": "fsd", "fsd_threshold": 0.0, "draft_head_tokens": 16384}
+
 #: One group in one engine: (case, the rule its requests name or None, rows).
 Group = tuple[str, "str | None", Rows]
 
@@ -165,3 +170,21 @@ def reference_job(gemma: str) -> tuple[dict, list[Group]]:
 def sampled_rows(groups: list[Group]) -> int:
     """Rows sampled for distribution tests among ``groups`` (the cost ledger's rows)."""
     return sum(g.count for _, _, g in groups if not g.greedy and not g.seeded)
+
+
+def engine_rows(groups: tuple[Rows, ...], ids: dict[str, list]) -> tuple[list[list[int]], list]:
+    """The token-id prompts of ``groups`` and their ``vllm.SamplingParams``, as :func:`job`
+    sets them, for a job that drives its engine itself (``ray_job.py``, ``lifecycle_job.py``)."""
+    from vllm import SamplingParams
+
+    rows, params = [], []
+    for group in groups:
+        batch = group_prompts(group, ids)
+        rows += batch
+        base = {"max_tokens": group.max_tokens, "ignore_eos": True}
+        if group.greedy:
+            params += [SamplingParams(temperature=0.0, **base)] * len(batch)
+        else:
+            seeds = SEEDS[: len(batch)] if group.seeded else [None] * len(batch)
+            params += [SamplingParams(temperature=group.temperature, seed=seed, **FILTERS, **base) for seed in seeds]
+    return rows, params

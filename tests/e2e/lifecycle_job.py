@@ -2,7 +2,11 @@
 blocks, so that both halves of the lifecycle happen in it. First aborts and finished
 requests must leave no per-request draft state behind; then four requests that outgrow
 a block make vLLM preempt running requests (their draft state dropped, rebuilt when they
-resume). Prints one JSON line with what it observed and the preempted batch's tokens."""
+resume). The engine drafts with fsd at tau = 0 over the drafter's 16384 most frequent
+tokens (``draft_head_tokens``), a setting of the engine that test_e2e_rules.py's rows
+would otherwise need an engine of their own for: so it then runs those rows too (greedy,
+sampled and seeded; the seeded ones again alone). Prints one JSON line with what it
+observed and the token ids of the preempted batch and of the rules' rows."""
 
 from __future__ import annotations
 
@@ -18,9 +22,31 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
+from _gemma_pair import FSD, GREEDY, SAMPLED, SEEDED, engine_rows, group_prompts, prompts
 from hetero_harness.evaluation import RESULT_PREFIX, _find_drafter
 from hetero_harness.prompts import BRIDGE_STRESS
 from vllm_hetero_spec.advise.counters import spec_decode_delta
+
+
+def _fsd_rows(llm: LLM, target: str) -> dict:
+    """The rules' rows (``_gemma_pair``: greedy, sampled, seeded) in one batch, then the
+    seeded ones alone: ``{rows name: token ids}``, and the drafts accepted."""
+    before = {m.name: m for m in llm.get_metrics()}
+    groups, ids = (GREEDY, SAMPLED, SEEDED), prompts(target)
+    rows, params = engine_rows(groups, ids)
+    out = [list(o.outputs[0].token_ids)
+           for o in llm.generate([TokensPrompt(prompt_token_ids=p) for p in rows], params, use_tqdm=False)]
+    seeded = -SEEDED.count
+    alone = [list(llm.generate([TokensPrompt(prompt_token_ids=p)], [sp], use_tqdm=False)[0].outputs[0].token_ids)
+             for p, sp in zip(rows[seeded:], params[seeded:])]
+    result, start = {}, 0
+    for group in groups:
+        size = len(group_prompts(group, ids))
+        result[group.name] = out[start:start + size]
+        start += size
+    return {**result, "seeded_alone": alone,
+            "num_accepted_tokens": spec_decode_delta(before, llm.get_metrics())["num_accepted_tokens"]}
+
 
 def main(target: str, draft: str, preempt: dict) -> None:
     """``preempt``: the preemption half's prompts (token ids), tokens, KV blocks and
@@ -39,8 +65,8 @@ def main(target: str, draft: str, preempt: dict) -> None:
         disable_log_stats=False,
         # A fixed draft length: every step drafts, so every request has draft state to
         # leak, and preempted requests have draft state to rebuild.
-        speculative_config={"method": "hetero", "model": draft, "num_speculative_tokens": 4, "algorithm": "tli",
-                            "draft_budget": "fixed"},
+        speculative_config={"method": "hetero", "model": draft, "num_speculative_tokens": 4, "draft_budget": "fixed",
+                            **FSD},
     )
     engine = llm.llm_engine
     drafter = _find_drafter(llm)
@@ -67,7 +93,7 @@ def main(target: str, draft: str, preempt: dict) -> None:
     result = {"peak": peak, "finished": sorted(finished), "after_all": after_all, "during_next": during_next,
               "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
               "num_preemptions": spec["num_preemptions"], "num_accepted_tokens": spec["num_accepted_tokens"],
-              "fallbacks": drafter.stats.fallbacks}
+              "fsd": _fsd_rows(llm, target), "fallbacks": drafter.stats.fallbacks}
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 

@@ -23,7 +23,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
-from _gemma_pair import FILTERS, GREEDY, SAMPLED, SEEDED, SEEDS, group_prompts, prompts
+from _gemma_pair import GREEDY, SAMPLED, SEEDED, engine_rows, group_prompts, prompts
 from hetero_harness.evaluation import RESULT_PREFIX, _find_drafter
 
 
@@ -78,15 +78,10 @@ def _sampled(llm: LLM, ids: dict[str, list]) -> dict:
     drafter = _find_drafter(llm)
     drafter.host.settings = dataclasses.replace(drafter.host.settings, ray_timeout_s=300.0)
     proposed = drafter.stats.proposed
-    sampled = SamplingParams(max_tokens=SAMPLED.max_tokens, temperature=1.0, ignore_eos=True, **FILTERS)
-    seeded_ids = group_prompts(SEEDED, ids)
-    seeded = [SamplingParams(max_tokens=SEEDED.max_tokens, temperature=1.0, ignore_eos=True, seed=seed, **FILTERS)
-              for seed in SEEDS]
-    rows = group_prompts(SAMPLED, ids) + seeded_ids
-    out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in rows], [sampled] * SAMPLED.count + seeded,
-                       use_tqdm=False)
-    alone = [llm.generate([TokensPrompt(prompt_token_ids=p)], [params], use_tqdm=False)[0]
-             for p, params in zip(seeded_ids, seeded)]
+    rows, params = engine_rows((SAMPLED, SEEDED), ids)
+    out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in rows], params, use_tqdm=False)
+    alone = [llm.generate([TokensPrompt(prompt_token_ids=p)], [sp], use_tqdm=False)[0]
+             for p, sp in zip(rows[SAMPLED.count:], params[SAMPLED.count:])]
     tokens = [list(o.outputs[0].token_ids) for o in out]
     return {"token_ids": tokens[:SAMPLED.count], "seeded": tokens[SAMPLED.count:],
             "seeded_alone": [list(o.outputs[0].token_ids) for o in alone],

@@ -27,8 +27,11 @@ subject (``tests/verify``: 20k to 2M samples per case, 0.5% caught).
 
 The target alone and the control run in one engine (per-request temperatures), the
 session's (``conftest.gemma_alone``): the Ray, lifecycle and tensor-parallel modules
-compare with it too, and union in a Ray actor, which had an engine here, rides the Ray
-module's (``test_ray_executor.py``: the same greedy, sampled and seeded rows). Prompts go
+compare with it too. Three configurations that had an engine here ride other modules'
+engines with the same rows and reference: union in a Ray actor the Ray module's
+(``test_ray_executor.py``), fsd at tau = 0 with a frequent-token output layer the
+lifecycle engine (``test_lifecycle.py``), dtw's faithful transfer the batch schedule's
+(``test_batch_schedule.py``). Prompts go
 in as token ids, tokenized once (``_gemma_pair.py``), and engines without structured
 outputs load no vLLM tokenizer: Gemma-3's 262k-token tokenizer cost an engine about 18 s
 (one core).
@@ -49,19 +52,17 @@ from _stats import two_sample_pvalue
 
 
 MIXED = "auto-mixed"
-# fsd drafts with its output layer over SmolLM2's 16384 most frequent tokens: a q that is 0
-# on two thirds of the vocabulary must still verify exactly.
-HEAD = 16384
 # Two engines offer every lossless rule (``algorithm: auto``, each of them a candidate for
 # both kinds of request) and each case's requests name their rule
 # (``extra_args["algorithm"]``, vLLM's ``vllm_xargs`` over HTTP), so that they verify every
 # rule in mixed batches, beside auto's own choices (MIXED: its greedy and sampled rows
 # drafting with different rules in one step). Two of them, each with half the cases,
 # because one took as long as all the other engines of this module together: one core sat
-# idle for half the module. Two settings are the engine's, not a
-# request's, and keep an engine each: fsd at tau = 0 (with the frequent-token output
-# layer, draft_head_tokens), and dtw's paper-faithful transfer (lossless at T = 0 only:
-# greedy rows alone). A third, union drafting in a Ray actor, rides the Ray module's engine. The rules that verify
+# idle for half the module. Three settings are the engine's, not a request's, and ride
+# other modules' engines with these rows: fsd at tau = 0 with the frequent-token output
+# layer (draft_head_tokens) the lifecycle engine (test_lifecycle.py), dtw's paper-faithful
+# transfer (lossless at T = 0 only) the batch schedule's (test_batch_schedule.py), and
+# union drafting in a Ray actor the Ray module's. The rules that verify
 # with a real q also run structured outputs. Every case also runs the seeded requests
 # (first in auto's rows, last elsewhere), which must come out the same in every engine
 # (other rules, drafts, batches and histories), and again one at a time after the batch.
@@ -77,16 +78,12 @@ CASES: dict[str, tuple[str, str | None, tuple[Rows, ...]]] = {
     "dtw": ("rules-2", "dtw", (GREEDY, SAMPLED, SEEDED)),
     "slrs": ("rules-2", "slrs", (GREEDY, SAMPLED, SEEDED)),
     "union": ("rules-2", "union", (GREEDY, SAMPLED, JSON, SEEDED)),
-    "fsd": ("fsd", None, (GREEDY, SAMPLED, SEEDED)),
-    "dtw-faithful": ("dtw-faithful", None, (GREEDY, SEEDED)),
 }
 ENGINES: dict[str, dict] = {
     "rules": RULES_ENGINE,
     "rules-2": RULES_ENGINE,
-    "fsd": {"algorithm": "fsd", "fsd_threshold": 0.0, "draft_head_tokens": HEAD},
-    "dtw-faithful": {"algorithm": "dtw", "dtw_verify": "faithful"},
 }
-SOLO_CASES = (MIXED, "tli", "fsd")
+SOLO_CASES = (MIXED, "tli")
 SAMPLED_CASES = [c for c, (_, _, rows) in CASES.items() if SAMPLED in rows]
 JSON_CASES = [c for c, (_, _, rows) in CASES.items() if JSON in rows]
 

@@ -147,7 +147,7 @@ def test_min_p_logit_bias_and_seeds_over_http(servers, qwen05: str) -> None:
     concurrent requests, and another seed another text."""
     plain, hetero = servers
     prompt = BRIDGE_STRESS[0]
-    sampled = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 32}
+    sampled = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 16}
     # The seeded request alone on the hetero server while the plain one answers the
     # unbiased request; then everything else on both at once: the seeded request among
     # six others on the hetero server, the biased one on the plain server.
