@@ -78,22 +78,22 @@ def _seed_every_draw(request: pytest.FixtureRequest) -> None:
 #: each a group of modules run in this order, their engines sharing the cores through
 #: leases (``hetero_harness/cores.py``). A module's engines hold one core (the rules'
 #: engines, advise, the batch schedule, lifecycle, Ray's engine with its actor, the
-#: data-parallel server, the tensor-parallel engine) or, for memory, every core (the
-#: README's commands and the serving module's servers). The pass is bound by its
+#: tensor-parallel engine) or, for memory, every core (the README's commands, the serving
+#: module's servers, the data-parallel server). The pass is bound by its
 #: core-seconds, and a core sits idle whenever one lane waits for every core while the
 #: other still runs a one-core module; so each lane runs its one-core modules first, sized
 #: to end at about the same time in both (the lease trace's hold times, docs/testing.md,
 #: "Where the time goes"), then the whole-machine modules run one after another. The
-#: modules of several processes (Ray's engine and actor, the data-parallel server's two
-#: engines, the TP engine's two workers: 8-12 GiB each) share a lane, so that no two of
-#: them run at once: the data-parallel server beside the TP engine ran the 24 GiB machine
-#: out of memory. The serving module's servers load the compile of the README's server,
-#: so they share a lane; the Gemma pair's modules share the target alone through a file
-#: (``e2e/conftest.py``), so they may sit in either.
+#: data-parallel server (two engines, two API servers: about 14 GiB) ran on one core
+#: twice and twice ran the 24 GiB machine out of memory beside another module's engine,
+#: so it holds every core; Ray's engine and actor and the TP engine's two workers (8-9
+#: GiB) run beside a one-engine module. The serving module's servers load the compile of
+#: the README's server, so they share a lane; the Gemma pair's modules share the target
+#: alone through a file (``e2e/conftest.py``), so they may sit in either.
 E2E_GROUPS: dict[str, tuple[str, ...]] = {
-    "lane-1": ("test_e2e_rules.py", "test_lifecycle.py", "test_batch_schedule.py", "test_readme_commands.py",
+    "lane-1": ("test_e2e_rules.py", "test_lifecycle.py", "test_tensor_parallel.py", "test_readme_commands.py",
                "test_serving.py"),
-    "lane-2": ("test_ray_executor.py", "test_advise.py", "test_serving_scale.py", "test_tensor_parallel.py"),
+    "lane-2": ("test_ray_executor.py", "test_advise.py", "test_batch_schedule.py", "test_serving_scale.py"),
 }
 _GROUP_OF = {name: group for group, names in E2E_GROUPS.items() for name in names}
 _E2E_ORDER = {name: (g, i) for g, names in enumerate(E2E_GROUPS.values()) for i, name in enumerate(names)}
