@@ -62,6 +62,14 @@ class Rows:
     def max_tokens(self) -> int:
         return self.tokens or (GREEDY_TOKENS if self.greedy else SEEDED_TOKENS if self.seeded else 3)
 
+    @property
+    def request_temperature(self) -> float:
+        return 0.0 if self.greedy else self.temperature
+
+    def seeds(self, n: int) -> list[int | None]:
+        """The seeds of this group's ``n`` requests: only seeded groups have any."""
+        return SEEDS[:n] if self.seeded else [None] * n
+
 
 GREEDY = Rows("greedy", greedy=True)
 SAMPLED, JSON = Rows("sampled", N), Rows("json", N, schema=SCHEMA)
@@ -114,10 +122,10 @@ def job(target: str, ids: dict[str, list], groups: list[Group], spec: dict | Non
         if group.seeded and case in solo_cases:
             solo += range(len(prompt_ids), len(prompt_ids) + len(batch))
         prompt_ids += batch
-        temps += [0.0 if group.greedy else group.temperature] * len(batch)
+        temps += [group.request_temperature] * len(batch)
         schemas += [group.schema] * len(batch)
         lengths += [group.max_tokens] * len(batch)
-        seeds += SEEDS[: len(batch)] if group.seeded else [None] * len(batch)
+        seeds += group.seeds(len(batch))
         params += [{"extra_args": {"algorithm": rule}} if rule else {}] * len(batch)
     structured = any(group.schema for _, _, group in groups)
     return {
@@ -146,9 +154,8 @@ def split(result: dict | Exception, groups: list[Group], ids: dict[str, list],
     """``result`` cut into one result per case and group: ``{case: {rows name: result}}``;
     a case's seeded rows run alone come as ``solo_token_ids``."""
     out: dict[str, dict[str, dict | Exception]] = {}
-    start = solo_start = 0
-    for case, _, group in groups:
-        n = len(group_prompts(group, ids))
+    solo_start = 0
+    for (case, _, group), (start, n) in zip(groups, spans([g for _, _, g in groups], ids)):
         if isinstance(result, Exception):
             out.setdefault(case, {})[group.name] = result
             continue
@@ -157,6 +164,15 @@ def split(result: dict | Exception, groups: list[Group], ids: dict[str, list],
             part["solo_token_ids"] = result["solo_token_ids"][solo_start:solo_start + n]
             solo_start += n
         out.setdefault(case, {})[group.name] = part
+    return out
+
+
+def spans(groups: list[Rows], ids: dict[str, list]) -> list[tuple[int, int]]:
+    """(first request, request count) of each of ``groups`` in a batch of all of them, in order."""
+    out, start = [], 0
+    for group in groups:
+        n = len(group_prompts(group, ids))
+        out.append((start, n))
         start += n
     return out
 
@@ -181,10 +197,6 @@ def engine_rows(groups: tuple[Rows, ...], ids: dict[str, list]) -> tuple[list[li
     for group in groups:
         batch = group_prompts(group, ids)
         rows += batch
-        base = {"max_tokens": group.max_tokens, "ignore_eos": True}
-        if group.greedy:
-            params += [SamplingParams(temperature=0.0, **base)] * len(batch)
-        else:
-            seeds = SEEDS[: len(batch)] if group.seeded else [None] * len(batch)
-            params += [SamplingParams(temperature=group.temperature, seed=seed, **FILTERS, **base) for seed in seeds]
+        params += [SamplingParams(temperature=group.request_temperature, seed=seed, max_tokens=group.max_tokens,
+                                  ignore_eos=True, **FILTERS) for seed in group.seeds(len(batch))]
     return rows, params

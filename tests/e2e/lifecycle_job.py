@@ -22,7 +22,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
-from _gemma_pair import FSD, GREEDY, SAMPLED, SEEDED, engine_rows, group_prompts, prompts
+from _gemma_pair import FSD, GREEDY, SAMPLED, SEEDED, engine_rows, prompts, spans
 from hetero_harness.evaluation import RESULT_PREFIX, _find_drafter
 from hetero_harness.prompts import BRIDGE_STRESS
 from vllm_hetero_spec.advise.counters import spec_decode_delta
@@ -39,11 +39,7 @@ def _fsd_rows(llm: LLM, target: str) -> dict:
     seeded = -SEEDED.count
     alone = [list(llm.generate([TokensPrompt(prompt_token_ids=p)], [sp], use_tqdm=False)[0].outputs[0].token_ids)
              for p, sp in zip(rows[seeded:], params[seeded:])]
-    result, start = {}, 0
-    for group in groups:
-        size = len(group_prompts(group, ids))
-        result[group.name] = out[start:start + size]
-        start += size
+    result = {group.name: out[start:start + n] for group, (start, n) in zip(groups, spans(list(groups), ids))}
     return {**result, "seeded_alone": alone,
             "num_accepted_tokens": spec_decode_delta(before, llm.get_metrics())["num_accepted_tokens"]}
 
