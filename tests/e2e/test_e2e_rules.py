@@ -83,8 +83,8 @@ ENGINES: dict[str, dict] = {
     "rules": RULES_ENGINE,
     "rules-2": RULES_ENGINE,
 }
-# The seeded requests run again one at a time in auto's engine only: auto drafts sampled
-# rows with tli first (RULES_ENGINE), so these are tli's seeded rows too. tli's own case ran
+# The seeded requests run again one at a time in auto's engine only: auto starts sampled
+# rows on tli (RULES_ENGINE), so these are tli's seeded rows too. tli's own case ran
 # them alone as well, eight single-request generations repeating that (about 11 s of a core).
 SOLO_CASES = (MIXED,)
 SAMPLED_CASES = [c for c, (_, _, rows) in CASES.items() if SAMPLED in rows]
