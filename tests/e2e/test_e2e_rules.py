@@ -85,7 +85,7 @@ ENGINES: dict[str, dict] = {
 }
 # The seeded requests run again one at a time in auto's engine only: auto starts sampled
 # rows on tli (RULES_ENGINE), so these are tli's seeded rows too. tli's own case ran
-# them alone as well, eight single-request generations repeating that (about 11 s of a core).
+# them alone as well: eight more single-request generations that repeated this.
 SOLO_CASES = (MIXED,)
 SAMPLED_CASES = [c for c, (_, _, rows) in CASES.items() if SAMPLED in rows]
 JSON_CASES = [c for c, (_, _, rows) in CASES.items() if JSON in rows]
