@@ -12,6 +12,7 @@ module, the Ray module and the lifecycle module each used to start their own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -167,7 +168,7 @@ def split(result: dict | Exception, groups: list[Group], ids: dict[str, list],
     return out
 
 
-def spans(groups: list[Rows], ids: dict[str, list]) -> list[tuple[int, int]]:
+def spans(groups: Sequence[Rows], ids: dict[str, list]) -> list[tuple[int, int]]:
     """(first request, request count) of each of ``groups`` in a batch of all of them, in order."""
     out, start = [], 0
     for group in groups:

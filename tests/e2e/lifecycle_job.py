@@ -39,7 +39,7 @@ def _fsd_rows(llm: LLM, target: str) -> dict:
     seeded = -SEEDED.count
     alone = [list(llm.generate([TokensPrompt(prompt_token_ids=p)], [sp], use_tqdm=False)[0].outputs[0].token_ids)
              for p, sp in zip(rows[seeded:], params[seeded:])]
-    result = {group.name: out[start:start + n] for group, (start, n) in zip(groups, spans(list(groups), ids))}
+    result = {group.name: out[start:start + n] for group, (start, n) in zip(groups, spans(groups, ids))}
     return {**result, "seeded_alone": alone,
             "num_accepted_tokens": spec_decode_delta(before, llm.get_metrics())["num_accepted_tokens"]}
 
