@@ -32,7 +32,7 @@ from report import appended_meta, figure, fmt, median, range_cell, read_result, 
 from report import meta as run_meta
 
 from hetero_harness.evaluation import run_isolated
-from hetero_harness.models import ensure_model
+from hetero_harness.models import MODELS, ensure_model
 from hetero_harness.prompts import MAX_CHARS, chat_prompts, held_out_questions
 
 NAME = "defaults"
@@ -46,7 +46,7 @@ BEFORE = "auto, before"
 
 def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, plain_sync: bool = False,
             auto_variants: tuple[tuple[str, dict], ...] = (), auto: bool = True,
-            before: str | None = None) -> list[tuple[str, dict | None, dict]]:
+            before: str | None = None, others: tuple[tuple[str, dict], ...] = ()) -> list[tuple[str, dict | None, dict]]:
     """The configurations of one cell: (name, speculative config, extra job keys).
 
     ``auto_variants`` adds ``auto`` with each (label, settings) pair's settings over the
@@ -56,7 +56,10 @@ def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, pla
     drafts, minus what the scheduling mode costs. ``auto=False`` leaves ``auto`` out (a
     cell measured before gets a configuration it lacked, beside plain run again). ``before``:
     a checkout of an earlier commit, whose ``auto`` runs as that commit shipped it (its
-    code first on the engine's path; extra key ``env``)."""
+    plugin first on the engine's path, extra key ``env``; the harness stays this one's, which
+    runs ``--one-engine``'s phases). ``others``: (label, speculative
+    config) pairs run as given (``--config``: vLLM's ``draft_model`` with a same-family
+    drafter, or ours with another drafter)."""
     ours = {"method": "hetero", "model": draft, "num_speculative_tokens": 4}
     out: list[tuple[str, dict | None, dict]] = [("plain", None, {})] if plain else []
     if plain_sync:
@@ -64,27 +67,33 @@ def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, pla
     if auto:
         out.append(("auto", {**ours, "algorithm": "auto"}, {}))
     if before:
-        out.append((BEFORE, {**ours, "algorithm": "auto"}, {"env": {"PYTHONPATH": f"{before}:{before}/harness"}}))
+        out.append((BEFORE, {**ours, "algorithm": "auto"}, {"env": {"PYTHONPATH": before}}))
     out += [(f"auto, {label}", {**ours, "algorithm": "auto", **settings}, {}) for label, settings in auto_variants]
     out += [(rule, {**ours, "algorithm": rule}, {}) for rule in rules]
+    out += [(label, spec, {}) for label, spec in others]
     if builtin:
         out.append((BUILTIN, {"method": "draft_model", "model": draft, "num_speculative_tokens": 4,
                               "use_heterogeneous_vocab": True}, {}))
     return out
 
 
-def auto_variant(text: str) -> tuple[str, dict]:
+def auto_variant(text: str, flag: str = "--auto-variant") -> tuple[str, dict]:
     """``LABEL=JSON`` as (label, settings); the label may hold ``=`` itself (``fixed k=2``):
     the settings start at the first ``={``."""
     label, sep, settings = text.partition("={")
     try:
         parsed = json.loads("{" + settings) if sep else None
     except json.JSONDecodeError as err:
-        raise SystemExit(f"--auto-variant {text!r}: the settings are not JSON ({err})") from None
+        raise SystemExit(f"{flag} {text!r}: the settings are not JSON ({err})") from None
     if not label or not isinstance(parsed, dict):
-        raise SystemExit(f"--auto-variant {text!r}: expected LABEL=JSON object, e.g. 'fixed k=2={{\"draft_budget\": "
+        raise SystemExit(f"{flag} {text!r}: expected LABEL=JSON object, e.g. 'fixed k=2={{\"draft_budget\": "
                          "\"fixed\", \"num_speculative_tokens\": 2}'")
     return label, parsed
+
+
+def resolve(model: str) -> str:
+    """A model's folder for a short name set-up builds (vLLM's own methods need a path), else ``model``."""
+    return str(ensure_model(model)) if model in MODELS else model
 
 
 def seeds_work(batch_size: int, temperature: float) -> bool:
@@ -112,6 +121,10 @@ def main() -> None:
                     help="also run auto with each of these draft dtypes set (auto picks one itself)")
     ap.add_argument("--auto-variant", action="append", default=[], metavar="LABEL=JSON",
                     help='also run auto with these settings, e.g. \'slem only={"auto_greedy": ["slem"]}\'')
+    ap.add_argument("--config", action="append", default=[], metavar="LABEL=JSON",
+                    help="also run this whole speculative config, a model's short name resolved to its folder, e.g. "
+                         '\'draft_model 0.5b={"method": "draft_model", "model": "qwen2.5-coder-0.5b", '
+                         '"num_speculative_tokens": 4}\'')
     ap.add_argument("--plain-sync", action="store_true",
                     help="also run plain decoding with async scheduling off (as every engine of ours runs)")
     ap.add_argument("--no-plain", action="store_true",
@@ -120,6 +133,10 @@ def main() -> None:
                     help="leave auto out (with --append: add a configuration a cell lacked, e.g. the built-in)")
     ap.add_argument("--before", metavar="DIR",
                     help="also run auto from this checkout of an earlier commit (git worktree add DIR REV)")
+    ap.add_argument("--one-engine", action="store_true",
+                    help="each configuration runs every cell of a target in one engine per round (the batch sizes "
+                         "and temperatures in the order given), as one served engine meets them: one start instead "
+                         "of one per cell; the adaptive budget carries what it learnt into the next cell")
     ap.add_argument("--batch1-prompts", type=int, default=6, help="prompts run one at a time at batch 1")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
@@ -131,6 +148,8 @@ def main() -> None:
                          "it measured beside plain decoding replaces the store's) and rebuild defaults_matrix.md; "
                          "for runs on the store's machine only (matrix.MACHINE)")
     args = ap.parse_args()
+    if args.one_engine and args.rules_at_t1 is not None:
+        ap.error("--one-engine runs every temperature in one engine: --rules-at-t1 cannot differ from --rules")
 
     draft = str(ensure_model(args.draft))
     targets = {t: str(ensure_model(t)) for t in args.targets}
@@ -142,56 +161,90 @@ def main() -> None:
         runs, meta = previous["runs"], appended_meta(previous["meta"], meta)
     variants = (*((f"{dtype} drafter", {"draft_dtype": dtype}) for dtype in args.draft_dtypes),
                 *(auto_variant(v) for v in args.auto_variant))
+    others = tuple((label, {**spec, "model": resolve(spec["model"])} if "model" in spec else spec)
+                   for label, spec in (auto_variant(v, "--config") for v in args.config))
     cells = [(t, bs, temp) for t in args.targets for bs in args.batch_sizes for temp in args.temperatures]
     first = 1 + max((r.get("repeat", -1) for r in runs), default=-1)  # --append: rounds go on counting
+
+    def order(rules: list[str]) -> list[tuple[str, dict | None, dict]]:
+        return configs(draft, rules, not args.no_builtin, not args.no_plain, args.plain_sync, variants,
+                       not args.no_auto, args.before, others)
+
+    def phase(target: str, bs: int, temp: float, shape_seen: bool = False) -> dict:
+        """The job keys of one cell: a batch runs once untimed first, unless its engine has
+        run that batch size already (``shape_seen``)."""
+        n = bs if bs > 1 else args.batch1_prompts
+        seeded = seeds_work(bs, temp)
+        return {"prompts": chat_prompts(targets[target], questions[:n]), "temperature": temp, "batch_size": bs,
+                "request_seeds": list(range(n)) if seeded else None,
+                "warmup": "full" if bs > 1 and not shape_seen else True}
+
+    def phases(target: str) -> list[dict]:
+        """A target's cells for one engine, in order."""
+        mine = [(bs, temp) for t, bs, temp in cells if t == target]
+        return [phase(target, bs, temp, any(b == bs for b, _ in mine[:i])) for i, (bs, temp) in enumerate(mine)]
+
+    def run(target: str, name: str, spec: dict | None, extra: dict, rep: int, phases: list[dict]) -> None:
+        """One engine: the configuration ``name`` on ``phases`` (cells), each recorded as a run."""
+        extra = dict(extra)
+        env = extra.pop("env", None)
+        job = {"target": targets[target], "max_tokens": args.max_tokens, "speculative_config": spec,
+               "ignore_eos": True, "max_num_seqs": max(max(p["batch_size"] for p in phases), 16), **extra}
+        job = {**job, **phases[0]} if len(phases) == 1 else {**job, "phases": phases}
+        t0 = time.time()
+        try:
+            out = run_isolated(job, env=env)
+        except Exception as err:  # one failing configuration must not lose the round
+            for p in phases:
+                print(f"{target} bs={p['batch_size']} T={p['temperature']} {name}: FAILED {err}", flush=True)
+                runs.append({"target": target, "batch_size": p["batch_size"], "temperature": p["temperature"],
+                             "config": name, "error": str(err)[-500:]})
+            write(runs, meta, args.name)
+            return
+        for p, result in zip(phases, out.get("phases", [out])):
+            runs.append(record(result, target, p, name, rep, time.time() - t0, shared=len(phases) > 1))
+            print(f"{target} bs={p['batch_size']} T={p['temperature']} {name} rep={rep}: "
+                  f"{result['tok_per_s']:.2f} tok/s rules={result.get('rules_chosen')} "
+                  f"k={result.get('draft_lengths')} ({time.time() - t0:.0f}s wall)", flush=True)
+        write(runs, meta, args.name)
+
     for rep in range(first, first + args.repeats):
+        if args.one_engine:
+            for target in args.targets:
+                configurations = order(args.rules)
+                shift = rep % len(configurations)  # each round starts one configuration later
+                for name, spec, extra in configurations[shift:] + configurations[:shift]:
+                    run(target, name, spec, extra, rep, phases(target))
+            continue
         for target, bs, temp in cells:
             rules = args.rules if temp == 0 or args.rules_at_t1 is None else args.rules_at_t1
-            n = bs if bs > 1 else args.batch1_prompts
-            prompts = chat_prompts(targets[target], questions[:n])
-            seeded = seeds_work(bs, temp)
-            # Each round starts one configuration later (see the module docstring).
-            order = configs(draft, rules, not args.no_builtin, not args.no_plain, args.plain_sync, variants,
-                            not args.no_auto, args.before)
-            shift = rep % len(order)
-            for name, spec, extra in order[shift:] + order[:shift]:
-                extra = dict(extra)
-                env = extra.pop("env", None)
-                job = {"target": targets[target], "prompts": prompts, "max_tokens": args.max_tokens,
-                       "temperature": temp, "batch_size": bs, "speculative_config": spec,
-                       "request_seeds": list(range(n)) if seeded else None, "ignore_eos": True,
-                       "max_num_seqs": max(bs, 16),
-                       "warmup": "full" if bs > 1 else True, **extra}
-                t0 = time.time()
-                try:
-                    result = run_isolated(job, env=env)
-                except Exception as err:  # one failing configuration must not lose the round
-                    print(f"{target} bs={bs} T={temp} {name}: FAILED {err}", flush=True)
-                    runs.append({"target": target, "batch_size": bs, "temperature": temp, "config": name,
-                                 "error": str(err)[-500:]})
-                    write(runs, meta, args.name)
-                    continue
-                runs.append({
-                    "target": target, "batch_size": bs, "temperature": temp, "config": name, "repeat": rep,
-                    "seeded": seeded,
-                    "tok_per_s": result["tok_per_s"], "acceptance_rate": result["acceptance_rate"],
-                    "mean_acceptance_length": result["mean_acceptance_length"],
-                    "draft_lengths": result.get("draft_lengths"), "exploration": result.get("exploration"),
-                    "rules_chosen": result.get("rules_chosen"),
-                    "rule_rates": result.get("rule_rates"), "draft_dtype": result.get("draft_dtype"),
-                    "elapsed_s": result["elapsed_s"], "runner_s": result.get("runner_s"),
-                    "wall_s": time.time() - t0,
-                })
-                print(f"{target} bs={bs} T={temp} {name} rep={rep}: {result['tok_per_s']:.2f} tok/s "
-                      f"rules={result.get('rules_chosen')} k={result.get('draft_lengths')} "
-                      f"({time.time() - t0:.0f}s wall)", flush=True)
-                write(runs, meta, args.name)
+            configurations = order(rules)
+            shift = rep % len(configurations)  # each round starts one configuration later
+            for name, spec, extra in configurations[shift:] + configurations[:shift]:
+                run(target, name, spec, extra, rep, [phase(target, bs, temp)])
     plot(runs, args.name)
     print(to_markdown(runs, meta))
     if args.store:
         import matrix  # imports this module's names; here only, so the two do not import each other at load
 
         print(matrix.add_and_build([args.name]))
+
+
+def record(result: dict, target: str, phase: dict, name: str, rep: int, wall_s: float, shared: bool) -> dict:
+    """One run's row: a cell's result and what it ran under (``shared``: its engine
+    served other cells of the round before or after it; ``wall_s`` then is the engine's
+    wall time so far)."""
+    return {
+        "target": target, "batch_size": phase["batch_size"], "temperature": phase["temperature"], "config": name,
+        "repeat": rep, "seeded": phase["request_seeds"] is not None, "shared_engine": shared,
+        "tok_per_s": result["tok_per_s"], "acceptance_rate": result["acceptance_rate"],
+        "mean_acceptance_length": result["mean_acceptance_length"],
+        "draft_lengths": result.get("draft_lengths"), "exploration": result.get("exploration"),
+        "rules_chosen": result.get("rules_chosen"),
+        "rule_rates": result.get("rule_rates"), "draft_dtype": result.get("draft_dtype"),
+        "elapsed_s": result["elapsed_s"], "runner_s": result.get("runner_s"),
+        "wall_s": wall_s,
+    }
 
 
 def write(runs: list[dict], meta: dict, name: str) -> None:
@@ -239,6 +292,9 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
         "spread = min-max of the runs over plain's median. `benchmarks/defaults.py`; machine: "
         f"{meta['machine']}, {meta['date']}.",
         *(["", meta["note"]] if meta.get("note") else []),
+        *(["", "One engine per configuration per round served all of a target's cells, in the order the table "
+           "lists them (`--one-engine`): the budget carried what it learnt from one cell into the next, as in "
+           "a served engine."] if any(r.get("shared_engine") for r in runs) else []),
         *(["", "Cells marked unseeded run T > 0 without request seeds: vLLM 0.32.0's CPU build cannot "
            "rewind a seeded generator when a prefill is chunked (`seeds_work`)."]
           if any(not seeds_work(r["batch_size"], r["temperature"]) for r in runs) else []),

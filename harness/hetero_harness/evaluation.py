@@ -178,13 +178,44 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     batch, their tokens returned as ``solo_token_ids`` and their drafts as ``solo_num_drafts``, per request
     ``solo_num_drafts_each``; the
     batch's metrics do not count them), time_calls (more runner methods to time, e.g. ``_model_forward``; the
-    result then carries every timed method's per-call seconds as ``runner_calls``).
+    result then carries every timed method's per-call seconds as ``runner_calls``), phases (a list of dicts,
+    each a job's keys over this one's, run in order on the one engine, each timed apart: the result is then
+    ``{"phases": [result, ...]}``; an engine started once serves several cells, as a server does).
     """
+    llm = start_engine(job)
+    if "phases" not in job:
+        return _run_phase(llm, job, {})
+    results: list[dict[str, Any]] = []
+    for phase in job["phases"]:
+        results.append(_run_phase(llm, {**job, **phase}, results[-1] if results else {}))
+    return {"phases": results}
+
+
+#: The proposer's counters, from the engine's start; a phase reports its own share.
+_POLICY_COUNTERS = ("draft_lengths", "exploration", "rules_chosen")
+
+
+def _since(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """``after``'s counters less ``before``'s, key by key (nested dicts too)."""
+    out: dict[str, Any] = {}
+    for key, value in after.items():
+        if isinstance(value, dict):
+            out[key] = _since(value, before.get(key) or {})
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = value - before.get(key, 0)
+        else:
+            out[key] = value
+    return out
+
+
+def _run_phase(llm: Any, job: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
+    """One timed job on a running engine; the proposer's counters (draft lengths,
+    exploration, rules chosen) are those since ``previous`` phase's report (from the
+    engine's start for the first, its warm-up included)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import StructuredOutputsParams
 
-    llm = start_engine(job)
     temps = job.get("temperatures") or [job.get("temperature", 0.0)] * len(job["prompts"])
     detokenize = not job.get("skip_tokenizer_init", False)
     seeds = job.get("request_seeds")
@@ -282,6 +313,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
     result["worker_metrics"] = [values for _, values in read_boards(metrics_dir(), os.getpid())]
     result.update(probe)
+    for key in _POLICY_COUNTERS:
+        if key in result and key in previous:
+            result[key] = _since(result[key], previous[key])
     return result
 
 
