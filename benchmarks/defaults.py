@@ -143,11 +143,18 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=40, help="Spec-Bench questions to skip (used elsewhere)")
     ap.add_argument("--name", default=NAME)
     ap.add_argument("--append", action="store_true")
+    ap.add_argument("--render", action="store_true",
+                    help="only draw the table and figure again from the result's JSON (--name), running nothing")
     ap.add_argument("--store", action="store_true",
                     help="when the run ends, merge its cells into the defaults matrix's store (each configuration "
                          "it measured beside plain decoding replaces the store's) and rebuild defaults_matrix.md; "
                          "for runs on the store's machine only (matrix.MACHINE)")
     args = ap.parse_args()
+    if args.render:
+        previous = read_result(args.name)
+        write(previous["runs"], previous["meta"], args.name)
+        plot(previous["runs"], args.name)
+        return
     if args.one_engine and args.rules_at_t1 is not None:
         ap.error("--one-engine runs every temperature in one engine: --rules-at-t1 cannot differ from --rules")
 
@@ -294,7 +301,8 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
         *(["", meta["note"]] if meta.get("note") else []),
         *(["", "One engine per configuration per round served all of a target's cells, in the order the table "
            "lists them (`--one-engine`): the budget carried what it learnt from one cell into the next, as in "
-           "a served engine."] if any(r.get("shared_engine") for r in runs) else []),
+           "a served engine; a batch size's second cell skipped the untimed run (its engine had run that "
+           "batch size)."] if any(r.get("shared_engine") for r in runs) else []),
         *(["", "Cells marked unseeded run T > 0 without request seeds: vLLM 0.32.0's CPU build cannot "
            "rewind a seeded generator when a prefill is chunked (`seeds_work`)."]
           if any(not seeds_work(r["batch_size"], r["temperature"]) for r in runs) else []),
@@ -311,7 +319,7 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
                      fmt(r["acceptance_rate"], ".1%"), rules])
     lines += table(["target", "batch", "T", "configuration", "tok/s (runs)", "speedup", "spread", "acceptance",
                     "rules chosen (auto)"], rows)
-    return "\n".join(lines + budget_split(runs) + time_split(runs)) + "\n"
+    return "\n".join(lines + defaults_gap(runs) + budget_split(runs) + time_split(runs)) + "\n"
 
 
 def budget_split(runs: list[dict]) -> list[str]:
@@ -342,6 +350,37 @@ def budget_split(runs: list[dict]) -> list[str]:
             "(warm-up steps / probes / their expected loss, as a share of the timed seconds / probe slots "
             "skipped):", "",
             *table(["target", "batch", "T", "configuration", "steps", "draft lengths", "exploration"], rows)]
+
+
+def defaults_gap(runs: list[dict]) -> list[str]:
+    """Per cell, the shipped defaults (``auto``) against the fastest other configuration
+    (plain decoding and ``auto, before`` aside), round by round: the two runs of a round
+    share the machine's state that hour, so their ratio is steadier than the ratio of
+    medians. Beside it, plain decoding's own spread over the rounds, the machine's noise
+    that a gap must exceed to mean anything."""
+    done = [r for r in runs if "error" not in r]
+    rows = []
+    for cell in dict.fromkeys((r["target"], r["batch_size"], r["temperature"]) for r in done):
+        tps: dict[str, dict[int, float]] = {}
+        for r in done:
+            if (r["target"], r["batch_size"], r["temperature"]) == cell:
+                tps.setdefault(r["config"], {})[r["repeat"]] = r["tok_per_s"]
+        others = {name: rounds for name, rounds in tps.items() if name not in ("plain", BEFORE, "auto")}
+        if "auto" not in tps or not others:
+            continue
+        best = max(others, key=lambda name: median(others[name].values()))
+        paired = [tps["auto"][rep] / others[best][rep] for rep in sorted(tps["auto"]) if rep in others[best]]
+        plain = list(tps.get("plain", {}).values())
+        noise = (max(plain) - min(plain)) / median(plain) if len(plain) > 1 else None
+        rows.append([*cell, best, runs_cell(paired, ".3f"), fmt(median(paired), ".3f"),
+                     "-" if noise is None else f"{noise:.1%}"])
+    if not rows:
+        return []
+    return ["", "The shipped defaults (`auto`) against the fastest other configuration by median, round by round "
+            "(`auto`'s tok/s over its tok/s in the same round; plain decoding's spread over its rounds, "
+            "(max - min) / median, is the machine's noise):", "",
+            *table(["target", "batch", "T", "fastest other", "auto / it, per round", "median", "plain's spread"],
+                   rows)]
 
 
 def time_split(runs: list[dict]) -> list[str]:

@@ -43,3 +43,18 @@ def test_an_auto_variant_label_may_hold_an_equals_sign() -> None:
     for bad in ("no settings", "k=2={not json", '={"a": 1}'):
         with pytest.raises(SystemExit, match="--auto-variant"):
             defaults.auto_variant(bad)
+
+
+def _timed(config: str, rep: int, tok_per_s: float, batch: int = 1) -> dict:
+    return {"target": "qwen2.5-coder-1.5b", "batch_size": batch, "temperature": 0.0, "config": config,
+            "repeat": rep, "tok_per_s": tok_per_s}
+
+
+def test_the_defaults_are_paired_with_the_fastest_other_configuration_round_by_round() -> None:
+    runs = [_timed("plain", 0, 2.0), _timed("plain", 1, 2.2), _timed("auto, before", 0, 9.0),
+            _timed("auto", 0, 2.4), _timed("auto", 1, 2.9), _timed("auto, fixed k1", 0, 2.5),
+            _timed("auto, fixed k1", 1, 2.9), _timed("advise", 0, 2.6), _timed("advise", 1, 2.6),
+            _timed("auto", 0, 10.0, batch=8)]  # a cell with nothing else measured: no row
+    rows = [line for line in defaults.defaults_gap(runs) if "qwen" in line]
+    # fixed k1's median (2.7) beats advise's (2.6); "auto, before" is never the rival.
+    assert rows == ["| qwen2.5-coder-1.5b | 1 | 0.0 | auto, fixed k1 | 0.960 / 1.000 | 0.980 | 9.5% |"], rows
