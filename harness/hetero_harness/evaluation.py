@@ -184,15 +184,25 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """
     llm = start_engine(job)
     if "phases" not in job:
-        return _run_phase(llm, job, {})
-    results: list[dict[str, Any]] = []
-    for phase in job["phases"]:
-        results.append(_run_phase(llm, {**job, **phase}, results[-1] if results else {}))
-    return {"phases": results}
+        return _run_phase(llm, job)
+    return {"phases": per_phase([_run_phase(llm, {**job, **phase}) for phase in job["phases"]])}
 
 
-#: The proposer's counters, from the engine's start; a phase reports its own share.
+#: The proposer's counters, from the engine's start; a phase reports its own share (the
+#: first, from the start: its warm-up included).
 _POLICY_COUNTERS = ("draft_lengths", "exploration", "rules_chosen")
+
+
+def per_phase(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The phases' results, each phase's proposer counters made its own share: the
+    engine's counters as it left them less as the phase before left them."""
+    out: list[dict[str, Any]] = []
+    seen: dict[str, Any] = {}  # the counters as the previous phase left them
+    for result in results:
+        counted = {key: result[key] for key in _POLICY_COUNTERS if key in result}
+        out.append({**result, **{key: _since(value, seen[key]) for key, value in counted.items() if key in seen}})
+        seen = counted
+    return out
 
 
 def _since(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
@@ -208,10 +218,8 @@ def _since(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _run_phase(llm: Any, job: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
-    """One timed job on a running engine; the proposer's counters (draft lengths,
-    exploration, rules chosen) are those since ``previous`` phase's report (from the
-    engine's start for the first, its warm-up included)."""
+def _run_phase(llm: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """One timed job on a running engine (its proposer's counters from the engine's start)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import StructuredOutputsParams
@@ -313,9 +321,6 @@ def _run_phase(llm: Any, job: dict[str, Any], previous: dict[str, Any]) -> dict[
 
     result["worker_metrics"] = [values for _, values in read_boards(metrics_dir(), os.getpid())]
     result.update(probe)
-    for key in _POLICY_COUNTERS:
-        if key in result and key in previous:
-            result[key] = _since(result[key], previous[key])
     return result
 
 
