@@ -16,6 +16,8 @@ and earlier benchmarks use), of at most 1,200 characters, in the target's chat t
     .venv/bin/python benchmarks/defaults.py --targets qwen2.5-coder-1.5b --batch-sizes 1
     # the defaults as a commit shipped them, beside today's, in the same rounds:
     git worktree add /tmp/before REV && .venv/bin/python benchmarks/defaults.py --before /tmp/before
+    # every cell of a target in one engine per configuration and round (a start costs minutes):
+    .venv/bin/python benchmarks/defaults.py --targets qwen2.5-coder-1.5b --batch-sizes 1 8 --one-engine
 
 Writes benchmarks/results/<name>.{json,md,png} after every run (a cut-off run keeps
 what it measured; ``--append`` adds rounds to an existing file). ``--store`` then merges
@@ -186,7 +188,7 @@ def main() -> None:
                 "request_seeds": list(range(n)) if seeded else None,
                 "warmup": "full" if bs > 1 and not shape_seen else True}
 
-    def phases(target: str) -> list[dict]:
+    def engine_phases(target: str) -> list[dict]:
         """A target's cells for one engine, in order."""
         mine = [(bs, temp) for t, bs, temp in cells if t == target]
         return [phase(target, bs, temp, any(b == bs for b, _ in mine[:i])) for i, (bs, temp) in enumerate(mine)]
@@ -221,7 +223,7 @@ def main() -> None:
                 configurations = order(args.rules)
                 shift = rep % len(configurations)  # each round starts one configuration later
                 for name, spec, extra in configurations[shift:] + configurations[:shift]:
-                    run(target, name, spec, extra, rep, phases(target))
+                    run(target, name, spec, extra, rep, engine_phases(target))
             continue
         for target, bs, temp in cells:
             rules = args.rules if temp == 0 or args.rules_at_t1 is None else args.rules_at_t1
