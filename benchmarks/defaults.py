@@ -360,13 +360,11 @@ def defaults_gap(runs: list[dict]) -> list[str]:
     share the machine's state that hour, so their ratio is steadier than the ratio of
     medians. Beside it, plain decoding's own spread over the rounds, the machine's noise
     that a gap must exceed to mean anything."""
-    done = [r for r in runs if "error" not in r]
+    by_cell: dict[tuple, dict[str, dict[int, float]]] = {}  # cell -> configuration -> round -> tok/s
+    for (*cell, config), mine in by_configuration([r for r in runs if "error" not in r]).items():
+        by_cell.setdefault(tuple(cell), {})[config] = {r["repeat"]: r["tok_per_s"] for r in mine}
     rows = []
-    for cell in dict.fromkeys((r["target"], r["batch_size"], r["temperature"]) for r in done):
-        tps: dict[str, dict[int, float]] = {}
-        for r in done:
-            if (r["target"], r["batch_size"], r["temperature"]) == cell:
-                tps.setdefault(r["config"], {})[r["repeat"]] = r["tok_per_s"]
+    for cell, tps in by_cell.items():
         others = {name: rounds for name, rounds in tps.items() if name not in ("plain", BEFORE, "auto")}
         if "auto" not in tps or not others:
             continue
