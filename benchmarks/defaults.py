@@ -27,6 +27,7 @@ the run's cells into the defaults matrix's store and rebuilds its table (``matri
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 
@@ -179,12 +180,17 @@ def main() -> None:
         return configs(draft, rules, not args.no_builtin, not args.no_plain, args.plain_sync, variants,
                        not args.no_auto, args.before, others)
 
+    @functools.cache
+    def prompts(target: str, n: int) -> list[str]:
+        """The first ``n`` questions in ``target``'s chat template (its tokenizer loaded once)."""
+        return chat_prompts(targets[target], questions[:n])
+
     def phase(target: str, bs: int, temp: float, shape_seen: bool = False) -> dict:
         """The job keys of one cell: a batch runs once untimed first, unless its engine has
         run that batch size already (``shape_seen``)."""
         n = bs if bs > 1 else args.batch1_prompts
         seeded = seeds_work(bs, temp)
-        return {"prompts": chat_prompts(targets[target], questions[:n]), "temperature": temp, "batch_size": bs,
+        return {"prompts": prompts(target, n), "temperature": temp, "batch_size": bs,
                 "request_seeds": list(range(n)) if seeded else None,
                 "warmup": "full" if bs > 1 and not shape_seen else True}
 
