@@ -243,6 +243,13 @@ MUTATIONS = [
         ("tests/policy/test_budget.py", "-k", "overpriced"),
     ),
     Mutation(
+        "rising-prices", "the target's curve is forced to rise, pricing a cheap longer size above its cost",
+        "vllm_hetero_spec/policy/budget.py",
+        "                values = np.array([known[t] for t in sorted(known)])",
+        "                values = _monotone([known[t] for t in sorted(known)])",
+        ("tests/policy/test_budget.py",),
+    ),
+    Mutation(
         "blind-catchup", "the draft cost fit takes a first pass over a prompt for the cost of drafting k",
         "vllm_hetero_spec/policy/budget.py",
         "            if k > 0 and lengths is not None:",

@@ -151,12 +151,16 @@ class TargetCost:
     borrows the costs of another regime (a batch of 32 once verified k = 8 on costs
     measured at batch 1).
 
-    Each size seen keeps its own mean; between sizes the curve is interpolated on their
-    closest non-decreasing fit (noise at small sizes -- 2 tokens once took longer than 3
-    -- must make neither more tokens look cheaper nor the fewer look dearer); beyond the largest size it rises with the
-    steeper of the last segment and the secant from the smallest size, so a flat stretch
+    A size priced from steps of its own is priced at their mean, even where that breaks
+    the rise: a CPU's curve need not rise (oneDNN picks its kernels per shape, and a
+    2-token step can cost more than a 5-token one). A fit forced to rise priced the
+    cheap longer sizes above their cost, and a size priced too high is one the policy
+    seldom runs, so its price is seldom corrected; a price too low by noise is run, and
+    so corrected. Between sizes the prices are interpolated. Beyond the largest size the
+    curve rises with the steeper of the last segment and the secant from the smallest
+    size, both taken on the closest non-decreasing fit of the prices, so a flat stretch
     of memory-bound sizes is not extrapolated into a compute-bound batch; below the
-    smallest it stays at the smallest size's cost.
+    smallest it stays at the smallest size's price.
 
     A size is priced from its second step on: the first time a step runs a token count
     it may pay one-time costs (on a CPU, oneDNN builds its matmul kernels per shape, so a
@@ -193,7 +197,8 @@ class TargetCost:
         self.level.value = 1.0
         self.by_size: dict[int, Ema] = {}  # per size: its cost in units of the level
         self.first: dict[int, float] = {}  # sizes seen once: their first step's cost, in units of the level
-        self._fit: tuple[list[int], np.ndarray] | None = None  # fitted once per sample, read every step
+        # (sizes, their prices, the slope beyond the largest): fitted once per sample, read every step
+        self._fit: tuple[list[int], np.ndarray, float] | None = None
 
     def add(self, tokens: int, seconds: float) -> None:
         mean = self.by_size.get(tokens)
@@ -228,16 +233,20 @@ class TargetCost:
         if self._fit is None:
             known = {t: float(e.value) for t, e in self.by_size.items()}
             if len(known) < 2:
+                # First steps stand in, fitted to rise: they may carry one-time costs.
                 known = {**self.first, **known}
+                values = _monotone([known[t] for t in sorted(known)])
+            else:
+                values = np.array([known[t] for t in sorted(known)])
             sizes = sorted(known)
-            self._fit = sizes, _monotone([known[t] for t in sizes])
-        sizes, values = self._fit
+            fit = _monotone(list(values))
+            slope = 0.0
+            if len(sizes) > 1:
+                slope = max((fit[-1] - fit[-2]) / (sizes[-1] - sizes[-2]), (fit[-1] - fit[0]) / (sizes[-1] - sizes[0]))
+            self._fit = sizes, values, slope
+        sizes, values, slope = self._fit
         if tokens <= sizes[-1]:
             return self.level.value * float(np.interp(tokens, sizes, values))
-        slope = 0.0
-        if len(sizes) > 1:
-            slope = max((values[-1] - values[-2]) / (sizes[-1] - sizes[-2]),
-                        (values[-1] - values[0]) / (sizes[-1] - sizes[0]))
         return self.level.value * float(values[-1] + slope * (tokens - sizes[-1]))
 
     def slope(self, low: float, high: float) -> float:
