@@ -133,6 +133,11 @@ class JobProbe:
             out["draft_lengths"] = {str(k): n for k, n in sorted(budget.chosen.items())}
             if hasattr(budget, "exploration"):  # the adaptive budget's
                 out["exploration"] = dataclasses.asdict(budget.exploration)
+                # Its target curve as it stands: per step size, the price (ms) and whether
+                # steps of its own, recent ones, set it.
+                cost = budget.target
+                out["target_curve"] = {str(t): [round(1e3 * cost.predict(t), 1), cost.priced(t)]
+                                       for t in sorted({*cost.by_size, *cost.first})}
         rules = getattr(policy, "rules", None)
         if rules is not None:
             out["rules_chosen"] = dict(rules.chosen)

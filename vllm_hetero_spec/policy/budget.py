@@ -145,7 +145,7 @@ class TargetCost:
     every batch size.
 
     One curve, because the target's forward sees tokens, not requests: plain steps and
-    speculative steps of any batch size fall on one rising curve of the tokens run
+    speculative steps of any batch size fall on one curve of the tokens run
     (docs/algorithms.md#draft-length). So what one batch size showed prices every
     other: a batch size seen for the first time needs no warm-up of its own, and never
     borrows the costs of another regime (a batch of 32 once verified k = 8 on costs
