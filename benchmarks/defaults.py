@@ -45,11 +45,14 @@ BUILTIN = "vllm built-in TLI"
 
 SYNC_PLAIN = "plain, no async scheduling"
 BEFORE = "auto, before"
+#: Runs once labelled BEFORE that imported the current plugin (docs/benchmarks.md): the defaults again.
+SECOND = "auto, second engine"
 
 
 def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, plain_sync: bool = False,
             auto_variants: tuple[tuple[str, dict], ...] = (), auto: bool = True,
-            before: str | None = None, others: tuple[tuple[str, dict], ...] = ()) -> list[tuple[str, dict | None, dict]]:
+            before: str | None = None,
+            others: tuple[tuple[str, dict], ...] = ()) -> list[tuple[str, dict | None, dict]]:
     """The configurations of one cell: (name, speculative config, extra job keys).
 
     ``auto_variants`` adds ``auto`` with each (label, settings) pair's settings over the
@@ -328,7 +331,7 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
                      fmt(r["acceptance_rate"], ".1%"), rules])
     lines += table(["target", "batch", "T", "configuration", "tok/s (runs)", "speedup", "spread", "acceptance",
                     "rules chosen (auto)"], rows)
-    return "\n".join(lines + defaults_gap(runs) + budget_split(runs) + time_split(runs)) + "\n"
+    return "\n".join(lines + defaults_gap(runs) + budget_split(runs) + target_curve(runs) + time_split(runs)) + "\n"
 
 
 def budget_split(runs: list[dict]) -> list[str]:
@@ -361,18 +364,54 @@ def budget_split(runs: list[dict]) -> list[str]:
             *table(["target", "batch", "T", "configuration", "steps", "draft lengths", "exploration"], rows)]
 
 
+def target_curve(runs: list[dict]) -> list[str]:
+    """The target's step time per step size at batch 1, as the adaptive budget priced it
+    when each cell ended (medians over the rounds) and as the configurations that run one
+    size took it (plain decoding: 1 token; fixed k: k + 1, over the steps at its most
+    frequent length), so that a default trailing a fixed k shows whether it priced the
+    steps wrong: the budget chooses k from this curve."""
+    rows: list[list] = []
+    for key, mine in by_configuration([r for r in runs if "error" not in r and r["batch_size"] == 1]).items():
+        curves = [r["target_curve"] for r in mine if r.get("target_curve")]
+        timed = [r for r in mine if r.get("runner_s")]
+        if curves:
+            prices: dict[int, list[float]] = {}
+            for curve in curves:
+                for t, (ms, priced) in curve.items():
+                    if priced and int(t) <= 5:
+                        prices.setdefault(int(t), []).append(ms)
+            rows.append([*key, "priced", {t: median(v) for t, v in prices.items()}])
+        elif key[3] == "plain" and timed:
+            steps = [r["tok_per_s"] * r["elapsed_s"] for r in timed]  # one token a step
+            rows.append([*key, "ran", {1: median([1e3 * r["runner_s"]["execute_model"] / n
+                                                  for r, n in zip(timed, steps)])}])
+        elif timed and all(r.get("draft_lengths") for r in timed):
+            k = int(max(timed[0]["draft_lengths"], key=timed[0]["draft_lengths"].get))
+            steps = [sum(r["draft_lengths"].values()) for r in timed]
+            rows.append([*key, "ran", {k + 1: median([1e3 * r["runner_s"]["execute_model"] / n
+                                                      for r, n in zip(timed, steps)])}])
+    if not any(row[4] == "priced" for row in rows):
+        return []
+    sizes = sorted({t for row in rows for t in row[5]})
+    return ["", "The target's step at batch 1, ms per step of each size (tokens verified): as the budget priced "
+            "it when each cell ended (sizes priced from steps of their own; medians over the rounds), and as the "
+            "runs of one size took it (`execute_model` over their steps):", "",
+            *table(["target", "batch", "T", "configuration", "", *map(str, sizes)],
+                   [[*row[:5], *(fmt(row[5].get(t), ".0f") for t in sizes)] for row in rows])]
+
+
 def defaults_gap(runs: list[dict]) -> list[str]:
     """Per cell, the shipped defaults (``auto``) against the fastest other configuration
-    (plain decoding and ``auto, before`` aside), round by round: the two runs of a round
-    share the machine's state that hour, so their ratio is steadier than the ratio of
-    medians. Beside it, plain decoding's own spread over the rounds, the machine's noise
+    (plain decoding, ``auto, before`` and a second engine of ``auto`` aside), round by
+    round: the two runs of a round share the machine's state that hour, so their ratio
+    is steadier than the ratio of medians. Beside it, plain decoding's own spread over the rounds, the machine's noise
     that a gap must exceed to mean anything."""
     by_cell: dict[tuple, dict[str, dict[int, float]]] = {}  # cell -> configuration -> round -> tok/s
     for (*cell, config), mine in by_configuration([r for r in runs if "error" not in r]).items():
         by_cell.setdefault(tuple(cell), {})[config] = {r["repeat"]: r["tok_per_s"] for r in mine}
     rows = []
     for cell, tps in by_cell.items():
-        others = {name: rounds for name, rounds in tps.items() if name not in ("plain", BEFORE, "auto")}
+        others = {name: rounds for name, rounds in tps.items() if name not in ("plain", BEFORE, SECOND, "auto")}
         if "auto" not in tps or not others:
             continue
         best = max(others, key=lambda name: median(others[name].values()))

@@ -49,7 +49,10 @@ def _run_child(job: dict[str, Any], timeout: float, env: dict[str, str] | None, 
                charge: str | None) -> dict[str, Any]:
     from hetero_harness import cost_ledger
 
-    argv = [sys.executable, "-m", "hetero_harness.evaluation", json.dumps(job)]
+    # -P: the working directory is not put first on sys.path, so an ``env`` PYTHONPATH
+    # that names an earlier checkout (defaults.py --before) is the one imported, not the
+    # repository the caller runs in (both packages are installed, so nothing needs it).
+    argv = [sys.executable, "-P", "-m", "hetero_harness.evaluation", json.dumps(job)]
     if core is not None:
         argv.append(str(core))
         # vLLM binds the worker's threads to the core, unless the caller binds several

@@ -58,3 +58,20 @@ def test_the_defaults_are_paired_with_the_fastest_other_configuration_round_by_r
     rows = [line for line in defaults.defaults_gap(runs) if "qwen" in line]
     # fixed k1's median (2.7) beats advise's (2.6); "auto, before" is never the rival.
     assert rows == ["| qwen2.5-coder-1.5b | 1 | 0.0 | auto, fixed k1 | 0.960 / 1.000 | 0.980 | 9.5% |"], rows
+
+
+def test_the_target_curve_as_priced_beside_the_steps_of_one_size() -> None:
+    """The budget's prices (medians over rounds, sizes it had not priced left out) beside
+    plain decoding's step (1 token) and a fixed k's (k + 1 tokens, over its steps)."""
+    curve = {"1": [440.0, True], "2": [520.0, True], "5": [330.0, True], "3": [999.0, False]}
+    auto = [{**_run("auto", {"4": 50}, None, 20.0), "target_curve": {**curve, "5": [ms, True]}, "runner_s": {}}
+            for ms in (320.0, 340.0)]
+    plain = {**_run("plain", {}, None, 100.0), "draft_lengths": None, "tok_per_s": 2.0,
+             "runner_s": {"execute_model": 86.0}}
+    fixed = {**_run("fixed k4", {"3": 5, "4": 95}, None, 50.0), "runner_s": {"execute_model": 34.0}}
+    lines = defaults.target_curve([*auto, plain, fixed])
+    assert "| | 1 | 2 | 5 |" in lines[3], lines[3]
+    assert any(line.endswith("| auto | priced | 440 | 520 | 330 |") for line in lines), lines
+    assert any(line.endswith("| plain | ran | 430 | - | - |") for line in lines), lines
+    assert any(line.endswith("| fixed k4 | ran | - | - | 340 |") for line in lines), lines
+    assert defaults.target_curve([plain, fixed]) == []
