@@ -371,14 +371,16 @@ def target_curve(runs: list[dict]) -> list[str]:
     frequent length), so that a default trailing a fixed k shows whether it priced the
     steps wrong: the budget chooses k from this curve."""
     rows: list[list] = []
-    for key, mine in by_configuration([r for r in runs if "error" not in r and r["batch_size"] == 1]).items():
+    done = [r for r in runs if "error" not in r and r["batch_size"] == 1]
+    largest = 1 + max((int(k) for r in done for k in r.get("draft_lengths") or {}), default=0)  # a batch-1 step
+    for key, mine in by_configuration(done).items():
         curves = [r["target_curve"] for r in mine if r.get("target_curve")]
         timed = [r for r in mine if r.get("runner_s")]
         if curves:
             prices: dict[int, list[float]] = {}
             for curve in curves:
                 for t, (ms, priced) in curve.items():
-                    if priced and int(t) <= 5:
+                    if priced and int(t) <= largest:
                         prices.setdefault(int(t), []).append(ms)
             rows.append([*key, "priced", {t: median(v) for t, v in prices.items()}])
         elif key[3] == "plain" and timed:
@@ -404,8 +406,8 @@ def defaults_gap(runs: list[dict]) -> list[str]:
     """Per cell, the shipped defaults (``auto``) against the fastest other configuration
     (plain decoding, ``auto, before`` and a second engine of ``auto`` aside), round by
     round: the two runs of a round share the machine's state that hour, so their ratio
-    is steadier than the ratio of medians. Beside it, plain decoding's own spread over the rounds, the machine's noise
-    that a gap must exceed to mean anything."""
+    is steadier than the ratio of medians. Beside it, plain decoding's own spread over
+    the rounds, the machine's noise that a gap must exceed to mean anything."""
     by_cell: dict[tuple, dict[str, dict[int, float]]] = {}  # cell -> configuration -> round -> tok/s
     for (*cell, config), mine in by_configuration([r for r in runs if "error" not in r]).items():
         by_cell.setdefault(tuple(cell), {})[config] = {r["repeat"]: r["tok_per_s"] for r in mine}

@@ -245,8 +245,8 @@ MUTATIONS = [
     Mutation(
         "rising-prices", "the target's curve is forced to rise, pricing a cheap longer size above its cost",
         "vllm_hetero_spec/policy/budget.py",
-        "                values = np.array([known[t] for t in sorted(known)])",
-        "                values = _monotone([known[t] for t in sorted(known)])",
+        "            values = fit if standing_in else np.array([known[t] for t in sizes])",
+        "            values = fit",
         ("tests/policy/test_budget.py",),
     ),
     Mutation(

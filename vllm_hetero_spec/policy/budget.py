@@ -232,14 +232,13 @@ class TargetCost:
     def predict(self, tokens: float) -> float:
         if self._fit is None:
             known = {t: float(e.value) for t, e in self.by_size.items()}
-            if len(known) < 2:
-                # First steps stand in, fitted to rise: they may carry one-time costs.
+            standing_in = len(known) < 2
+            if standing_in:
                 known = {**self.first, **known}
-                values = _monotone([known[t] for t in sorted(known)])
-            else:
-                values = np.array([known[t] for t in sorted(known)])
             sizes = sorted(known)
-            fit = _monotone(list(values))
+            fit = _monotone([known[t] for t in sizes])
+            # First steps standing in are priced on the fit: they may carry one-time costs.
+            values = fit if standing_in else np.array([known[t] for t in sizes])
             slope = 0.0
             if len(sizes) > 1:
                 slope = max((fit[-1] - fit[-2]) / (sizes[-1] - sizes[-2]), (fit[-1] - fit[0]) / (sizes[-1] - sizes[0]))
