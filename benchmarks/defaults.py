@@ -145,6 +145,9 @@ def main() -> None:
                          "of one per cell; the adaptive budget carries what it learnt into the next cell")
     ap.add_argument("--batch1-prompts", type=int, default=6, help="prompts run one at a time at batch 1")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="auto",
+                    help="the target's dtype; auto: what vLLM runs where the CPU has native bf16, else float32 "
+                         "(as advise measures), recorded resolved in the result's meta")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--skip", type=int, default=40, help="Spec-Bench questions to skip (used elsewhere)")
     ap.add_argument("--name", default=NAME)
@@ -167,6 +170,9 @@ def main() -> None:
     draft = str(ensure_model(args.draft))
     targets = {t: str(ensure_model(t)) for t in args.targets}
     questions = held_out_questions(max(args.batch_sizes + [args.batch1_prompts]), args.skip)
+    from vllm_hetero_spec.advise.cli import engine_dtype
+
+    args.dtype = engine_dtype(args.dtype)  # the meta records what ran, not "auto"
     meta = run_meta(args)
     runs: list[dict] = []
     if args.append:
@@ -206,8 +212,8 @@ def main() -> None:
         """One engine: the configuration ``name`` on ``phases`` (cells), each recorded as a run."""
         extra = dict(extra)
         env = extra.pop("env", None)
-        job = {"target": targets[target], "max_tokens": args.max_tokens, "speculative_config": spec,
-               "ignore_eos": True, "max_num_seqs": max(max(p["batch_size"] for p in phases), 16), **extra}
+        job = {"target": targets[target], "dtype": args.dtype, "max_tokens": args.max_tokens,
+               "speculative_config": spec, "ignore_eos": True, "max_num_seqs": max(max(p["batch_size"] for p in phases), 16), **extra}
         job = {**job, **phases[0]} if len(phases) == 1 else {**job, "phases": phases}
         t0 = time.time()
         try:

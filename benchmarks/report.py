@@ -154,6 +154,7 @@ def appended_meta(previous: Mapping[str, Any], meta: Mapping[str, Any]) -> dict[
 def _static_environment() -> dict[str, Any]:
     env: dict[str, Any] = {
         "cpu": _cpu_model(),
+        "cpu_features": _cpu_features(),
         "arch": platform.machine(),
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
@@ -195,6 +196,22 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+#: The instruction sets that pick a CPU's GEMM kernels. Two machines that both call
+#: themselves "AMD EPYC" have differed in these, and with them in which draft length pays.
+KERNEL_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16")
+
+
+def _cpu_features() -> list[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return [f for f in KERNEL_FEATURES if f in flags]
+    except OSError:
+        pass
+    return []
 
 
 def _git_state() -> tuple[str | None, bool | None]:

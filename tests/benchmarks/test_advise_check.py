@@ -77,3 +77,23 @@ def test_earlier_runs_keep_only_the_engines_not_rerun_and_their_plain() -> None:
     runs = advise_check.earlier_runs(newest, {"a (pinned)", "b (pinned)"})
     assert [(r["meta"]["date"], sorted(r["measured"])) for r in runs] == [
         ("b", ["a (pinned)", "plain 1", "plain 2"]), ("a", ["b (pinned)", "plain 1"])]
+
+
+def test_batch1_prompts_shortens_the_runs_at_batch_1_only() -> None:
+    """``--batch1-prompts``: every engine's batch-1 runs (plain's included, so a speedup
+    still compares the same prompts) take the first N held-out prompts; the others all."""
+    from argparse import Namespace
+
+    def option(t: float, b: int, k: int) -> dict:
+        return {"drafter": "smollm2-135m", "rule": "tli", "temperature": t, "batch": b, "k": k}
+
+    advised = {"args": {"dtype": "auto", "max_model_len": 2048, "seed": 0}, "drafters": ["smollm2-135m"],
+               "options": [option(0.0, 1, 2), option(0.0, 8, 0), option(1.0, 1, 3)],
+               "recommendation": {"per_drafter": [], "config": {"method": "hetero", "model": "smollm2-135m"}}}
+    for few in (4, None):
+        args = Namespace(rounds=2, check_lengths=[64, 256], k=4, batch1_prompts=few)
+        jobs = advise_check.check_jobs("smollm2-135m", advised, [[{"role": "user", "content": "q"}]] * 8, args)
+        assert [label for label, _ in jobs] == ["plain 1", "smollm2-135m (pinned)", "recommended", "plain 2"]
+        pins = [p for _, job in jobs for p in job["pins"]]
+        assert {p["b"] for p in pins} == {1, 8}
+        assert all(p.get("prompts") == (few if p["b"] == 1 else None) for p in pins)

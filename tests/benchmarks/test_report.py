@@ -49,7 +49,8 @@ def test_write_report_embeds_the_machine(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     assert data["rows"] == [{"p": "/m"}] and data["meta"]["args"] == {"n": 1} and data["meta"]["note"] == "x"
     env = data["environment"]
-    assert {"cpu", "cores", "torch", "vllm", "git_commit", "git_dirty", "written"} <= set(env)
+    assert {"cpu", "cpu_features", "cores", "torch", "vllm", "git_commit", "git_dirty", "written"} <= set(env)
+    assert set(env["cpu_features"]) <= set(report.KERNEL_FEATURES)
     assert env["cores"] >= 1 and env["cpu"]
     assert (tmp_path / "t.md").read_text() == ("# T\n\nCaption.\n\n| config | speedup |\n|---|---|\n"
                                                "| auto | 1.50x (1.40-1.60) |\n\nA note.\n")

@@ -20,7 +20,8 @@ engine, one at a time, so that a large target's memory is freed between them):
   recommends, checked on other prompts), measured like ``draft_model``.
 
 A job with ``pins`` (``{"T", "b"}`` each, and for ``hetero`` ``"rule"`` and ``"k"``;
-``"max_tokens"`` where it differs from the job's; ``"round"`` is carried to the result)
+``"max_tokens"`` where it differs from the job's; ``"prompts"``: the first that many
+prompts only; ``"round"`` is carried to the result)
 runs just those settings, no sweep: how a projection is checked on prompts ``advise``
 did not see, at the output lengths it projected for.
 
@@ -148,11 +149,12 @@ class Session:
     def _first_rule(self) -> str:
         return self.job["rules"][str(self.job["temperatures"][0])][0]
 
-    def measure(self, rule: str | None, t: float, b: int, k: int, max_tokens: int) -> dict[str, Any]:
-        """The whole sample at temperature ``t``, ``b`` requests at a time, ``max_tokens``
-        each (ours: pinned to ``rule`` and ``k``): wall time, output lengths, and the
-        engine's counters."""
-        job, everything = self.job, list(range(len(self.prompts)))
+    def measure(self, rule: str | None, t: float, b: int, k: int, max_tokens: int,
+                prompts: int | None = None) -> dict[str, Any]:
+        """The sample (its first ``prompts``, where given) at temperature ``t``, ``b``
+        requests at a time, ``max_tokens`` each (ours: pinned to ``rule`` and ``k``): wall
+        time, output lengths, and the engine's counters."""
+        job, everything = self.job, list(range(len(self.prompts)))[:prompts]
         run: dict[str, Any] = {"T": t, "b": b, "rule": rule, "k": k, "max_tokens": max_tokens}
         if job["kind"] == "plain" and job.get("first_token", True):
             run["wall_first"], _ = self.generate(everything, b, t, 1)
@@ -175,7 +177,7 @@ class Session:
         out: dict[str, Any] = {"kind": job["kind"], "sweep": [], "runs": []}
         if job.get("pins"):
             out["runs"] = [{**self.measure(p.get("rule"), p["T"], p["b"], p.get("k", job["k"]),
-                                           p.get("max_tokens", job["max_tokens"])),
+                                           p.get("max_tokens", job["max_tokens"]), p.get("prompts")),
                             "round": p.get("round", 0)} for p in job["pins"]]
             return out
         if self.hetero:
