@@ -309,8 +309,8 @@ def summarize(runs: list[dict]) -> list[dict]:
 def to_markdown(runs: list[dict], meta: dict) -> str:
     a = meta["args"]
     lines = [
-        f"Draft {a['draft']}, targets in float32, k <= 4, default settings otherwise; {a['max_tokens']} tokens per "
-        f"request (EOS ignored); held-out Spec-Bench prompts (past the first {a['skip']}, <= {MAX_CHARS} characters); "
+        f"Draft {a['draft']}, targets in {a.get('dtype', 'float32')}, k <= 4, default settings otherwise; "
+        f"{a['max_tokens']} tokens per request (EOS ignored); held-out Spec-Bench prompts (past the first {a['skip']}, <= {MAX_CHARS} characters); "
         f"batch 1 runs {a['batch1_prompts']} prompts one at a time, larger batches run the job once untimed first. "
         "Each configuration in its own engine; rounds interleaved, each starting one configuration later; "
         "speedup = median tok/s over plain's median, "
