@@ -213,7 +213,8 @@ def main() -> None:
         extra = dict(extra)
         env = extra.pop("env", None)
         job = {"target": targets[target], "dtype": args.dtype, "max_tokens": args.max_tokens,
-               "speculative_config": spec, "ignore_eos": True, "max_num_seqs": max(max(p["batch_size"] for p in phases), 16), **extra}
+               "speculative_config": spec, "ignore_eos": True,
+               "max_num_seqs": max(max(p["batch_size"] for p in phases), 16), **extra}
         job = {**job, **phases[0]} if len(phases) == 1 else {**job, "phases": phases}
         t0 = time.time()
         try:
@@ -310,7 +311,8 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
     a = meta["args"]
     lines = [
         f"Draft {a['draft']}, targets in {a.get('dtype', 'float32')}, k <= 4, default settings otherwise; "
-        f"{a['max_tokens']} tokens per request (EOS ignored); held-out Spec-Bench prompts (past the first {a['skip']}, <= {MAX_CHARS} characters); "
+        f"{a['max_tokens']} tokens per request (EOS ignored); held-out Spec-Bench prompts "
+        f"(past the first {a['skip']}, <= {MAX_CHARS} characters); "
         f"batch 1 runs {a['batch1_prompts']} prompts one at a time, larger batches run the job once untimed first. "
         "Each configuration in its own engine; rounds interleaved, each starting one configuration later; "
         "speedup = median tok/s over plain's median, "
