@@ -188,14 +188,19 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def _cpu_model() -> str:
+def _cpuinfo(field: str) -> str | None:
+    """The first ``/proc/cpuinfo`` line's value for ``field`` (None where unreadable)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def _cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 #: The instruction sets that pick a CPU's GEMM kernels. Two machines that both call
@@ -204,14 +209,8 @@ KERNEL_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", 
 
 
 def _cpu_features() -> list[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return [f for f in KERNEL_FEATURES if f in flags]
-    except OSError:
-        pass
-    return []
+    flags = set((_cpuinfo("flags") or "").split())
+    return [f for f in KERNEL_FEATURES if f in flags]
 
 
 def _git_state() -> tuple[str | None, bool | None]:
