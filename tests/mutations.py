@@ -250,6 +250,14 @@ MUTATIONS = [
         ("tests/policy/test_budget.py",),
     ),
     Mutation(
+        "one-allowance", "a batch size's probes spend the fullest allowance, whichever batch size earned it",
+        "vllm_hetero_spec/policy/budget.py",
+        "                if loss <= bucket.allowance:\n",
+        "                bucket = max(self.buckets.values(), key=lambda b: b.allowance)\n"
+        "                if loss <= bucket.allowance:\n",
+        ("tests/policy/test_budget.py", "-k", "own_probes"),
+    ),
+    Mutation(
         "blind-catchup", "the draft cost fit takes a first pass over a prompt for the cost of drafting k",
         "vllm_hetero_spec/policy/budget.py",
         "            if k > 0 and lengths is not None:",

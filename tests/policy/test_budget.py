@@ -323,6 +323,20 @@ def test_one_curve_prices_every_batch_size() -> None:
     assert np.mean(np.array(again[-30:]) > 0) >= 0.8
 
 
+def test_a_batch_size_pays_for_its_own_probes() -> None:
+    """A stretch at batch 1 fills batch 1's allowance; the first steps at batch 8, where
+    every k loses and a probe costs several batch-1 steps, spend on probes no more than
+    their own time earns (``explore_share`` of it), not what batch 1 saved up."""
+    shares = []
+    for seed in range(6):
+        policy = AdaptiveBudget(4)
+        simulate(policy, CPU, [ALPHA], 300, seed=seed)
+        clock, loss = policy.sim_clock, policy.exploration.probe_loss_s
+        simulate(policy, CPU, [ALPHA] * 8, 64, seed=10 + seed, prefix="b")
+        shares.append((policy.exploration.probe_loss_s - loss) / (policy.sim_clock - clock))
+    assert max(shares) <= policy.explore_share, shares
+
+
 def test_the_draft_states_catch_up_is_not_a_cost_of_k() -> None:
     """A request's first drafting step reads its whole prompt: the proposer's time is
     split between k and the tokens caught up on, so the fitted cost of drafting k comes
@@ -432,12 +446,11 @@ def test_would_draft_answers_as_plan_does_and_changes_nothing() -> None:
     for alpha, drafts in ((ALPHA, True), (np.full(8, 0.02), False)):
         policy = AdaptiveBudget(8, explore_every=0)
         simulate(policy, CPU, [alpha], 60)
-        before = (policy.warmup_steps, {b: (x.steps, x.probes) for b, x in policy.buckets.items()}, policy.allowance)
+        before = (policy.warmup_steps, {b: (x.steps, x.probes, x.allowance) for b, x in policy.buckets.items()})
         lengths = [policy.sim_lengths["r0"]]
         assert policy.would_draft(["r0"], [True], lengths) is drafts
         assert policy.would_draft(["r0"], [False], lengths) is False
-        assert (policy.warmup_steps, {b: (x.steps, x.probes) for b, x in policy.buckets.items()},
-                policy.allowance) == before
+        assert (policy.warmup_steps, {b: (x.steps, x.probes, x.allowance) for b, x in policy.buckets.items()}) == before
         assert (max(policy.plan(["r0"], [True], lengths)) > 0) is drafts
     warm = AdaptiveBudget(4)
     assert warm.would_draft(["a"], [True]) and warm.warmup_steps == 0

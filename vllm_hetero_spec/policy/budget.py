@@ -20,8 +20,8 @@ Per request, a proposal past the first is kept only while its P_r(j) exceeds the
 step's rate buys in the time one more verified token costs; and a k > 0 must beat k = 0 by
 ``margin``. Exploration: the first steps try k = 1, 0, 2, twice, then every ``explore_every`` steps
 per batch-size bucket the length most likely to beat the chosen k, if any can at the bounds of
-what is known of its acceptance or its step's price is a guess, only while an allowance fed with
-``explore_share`` of each step's time covers its expected loss, so a target no drafter helps
+what is known of its acceptance or its step's price is a guess, only while the bucket's allowance,
+fed with ``explore_share`` of each of its steps' time, covers its expected loss, so a target no drafter helps
 loses little. ``fixed`` always drafts ``num_speculative_tokens``. Why each choice, with its evidence:
 docs/algorithms.md#draft-length. The choice never touches verification, so every rule stays
 exactly as lossless as it is at any fixed k.
@@ -267,10 +267,16 @@ def _monotone(values: list[float]) -> np.ndarray:
 
 @dataclass
 class _Bucket:
-    """Exploration bookkeeping of one batch-size bucket (the costs are shared)."""
+    """Exploration bookkeeping of one batch-size bucket (the costs are shared).
+
+    Each bucket pays for its probes from its own ``allowance``, earned from its own steps:
+    with one allowance for the engine, a stretch at batch 1 filled it, and the first steps
+    at batch 8, where a probe costs several batch-1 steps, spent it at once: exploration
+    took a share of them far above ``explore_share``."""
 
     steps: int = 0
     probes: int = 0
+    allowance: float = 0.0  # seconds of expected loss that this bucket's probes may still spend
 
 
 @dataclass
@@ -349,7 +355,6 @@ class AdaptiveBudget:
         self.explore_share = explore_share
         self.explore_memory = explore_memory
         self.warmup_catchup = warmup_catchup
-        self.allowance = 0.0  # seconds of expected loss that probes may still spend
         self.accept = PositionAcceptance(max_tokens, memory=accept_memory, stale_memory=stale_memory,
                                          request_weight=request_weight, prior=prior_accept, optimism=optimism)
         self.exploration = Exploration()
@@ -386,7 +391,9 @@ class AdaptiveBudget:
             verdicts.append((req_id, rule, k, n_sampled[req_id] - 1))
         self.accept.add_step(verdicts)
         target_s = now - last.end
-        self.allowance = self.explore_memory * self.allowance + self.explore_share * max(target_s + last.propose_s, 0.0)
+        bucket = self.buckets.setdefault(bucket_of(len(last.req_ids)), _Bucket())
+        earned = self.explore_share * max(target_s + last.propose_s, 0.0)
+        bucket.allowance = self.explore_memory * bucket.allowance + earned
         if target_s > 0 and is_steady(req_ids, last.req_ids, sampled):
             self.target.add(last.tokens, target_s)
             if last.k > 0:
@@ -508,8 +515,8 @@ class AdaptiveBudget:
                 now = self.rates(rows, gain, n_drafting, lump, draft_key=key)
                 emitted = rows + float(gain[:probe].sum())
                 loss = max(emitted / now[probe] - emitted / rates[best], 0.0)
-                if loss <= self.allowance:
-                    self.allowance -= loss
+                if loss <= bucket.allowance:
+                    bucket.allowance -= loss
                     bucket.probes += 1
                     self.exploration.probes += 1
                     self.exploration.probe_loss_s += loss
