@@ -200,6 +200,8 @@ def verdicts(advised: dict[str, Any], runs: list[dict[str, dict[str, Any]]], len
     if measured is not None:
         for t, b, n in sorted({(r["T"], r["b"], r["tokens"]) for r in rows}):
             xs = speedups(measured, "recommended", None, t, b, n)
+            if not xs:  # a check cut short before this setting's run
+                continue
             best = max(r["measured"] for r in rows if (r["T"], r["b"], r["tokens"]) == (t, b, n))
             med = statistics.median(xs)
             rec_rows.append({"T": t, "b": b, "tokens": n, "measured": med, "low": min(xs), "high": max(xs),
@@ -265,12 +267,15 @@ def main() -> None:
         with tqdm(total=sum(planned_calls(j) for _, j in jobs), unit="pass") as bar:
             for label, job in jobs:
                 measured[label] = run_session(label, job, log, bar)
-        rows, rec_rows, missing = verdicts(advised, [measured, *[run["measured"] for run in earlier]],
-                                           args.check_lengths)
-        this_run = {"meta": meta(args), "order": [label for label, _ in jobs], "measured": slim(measured)}
-        results["targets"][target] = {**this_run, "rows": rows, "recommended": rec_rows, "not_measured": missing,
-                                      "recommendation": advised["recommendation"], "earlier_runs": earlier}
-        write(results)
+                # Written after each engine: a check cut short keeps what it measured, and
+                # `--engines` resumes it with the engines it lacks.
+                rows, rec_rows, missing = verdicts(advised, [measured, *[run["measured"] for run in earlier]],
+                                                   args.check_lengths)
+                this_run = {"meta": meta(args), "order": list(measured), "measured": slim(measured)}
+                results["targets"][target] = {**this_run, "rows": rows, "recommended": rec_rows,
+                                              "not_measured": missing, "recommendation": advised["recommendation"],
+                                              "earlier_runs": earlier}
+                write(results)
 
 
 def earlier_runs(newest: dict[str, Any] | None, wanted: set[str]) -> list[dict[str, Any]]:
