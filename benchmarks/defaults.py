@@ -47,6 +47,8 @@ SYNC_PLAIN = "plain, no async scheduling"
 BEFORE = "auto, before"
 #: Runs once labelled BEFORE that imported the current plugin (docs/benchmarks.md): the defaults again.
 SECOND = "auto, second engine"
+#: A phase key: the engine serves it, untimed, before the cells (``--served-before``).
+UNTIMED = "untimed"
 
 
 def configs(draft: str, rules: list[str], builtin: bool, plain: bool = True, plain_sync: bool = False,
@@ -144,6 +146,9 @@ def main() -> None:
                          "and temperatures in the order given), as one served engine meets them: one start instead "
                          "of one per cell; the adaptive budget carries what it learnt into the next cell")
     ap.add_argument("--batch1-prompts", type=int, default=6, help="prompts run one at a time at batch 1")
+    ap.add_argument("--served-before", type=int, default=0, metavar="N",
+                    help="with --one-engine: each engine first serves N other held-out prompts one at a time per "
+                         "temperature, untimed, as a server has served requests before the ones measured")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="auto",
                     help="the target's dtype; auto: what vLLM runs where the CPU has native bf16, else float32 "
@@ -169,7 +174,10 @@ def main() -> None:
 
     draft = str(ensure_model(args.draft))
     targets = {t: str(ensure_model(t)) for t in args.targets}
-    questions = held_out_questions(max(args.batch_sizes + [args.batch1_prompts]), args.skip)
+    if args.served_before and not args.one_engine:
+        ap.error("--served-before needs --one-engine: it warms the engine that serves the cells")
+    timed = max(args.batch_sizes + [args.batch1_prompts])
+    questions = held_out_questions(timed + args.served_before, args.skip)
     from vllm_hetero_spec.advise.cli import engine_dtype
 
     args.dtype = engine_dtype(args.dtype)  # the meta records what ran, not "auto"
@@ -204,9 +212,16 @@ def main() -> None:
                 "warmup": "full" if bs > 1 and not shape_seen else True}
 
     def engine_phases(target: str) -> list[dict]:
-        """A target's cells for one engine, in order."""
+        """A target's cells for one engine, in order, after the untimed phases of
+        :func:`served_before`."""
         mine = [(bs, temp) for t, bs, temp in cells if t == target]
-        return [phase(target, bs, temp, any(b == bs for b, _ in mine[:i])) for i, (bs, temp) in enumerate(mine)]
+        return served_before(target) + [phase(target, bs, temp, any(b == bs for b, _ in mine[:i]))
+                                        for i, (bs, temp) in enumerate(mine)]
+
+    @functools.cache
+    def served_before(target: str) -> list[dict]:
+        """``--served-before``'s phases: the held-out questions past the timed ones."""
+        return served_phases(chat_prompts(targets[target], questions[timed:]), args.temperatures)
 
     def run(target: str, name: str, spec: dict | None, extra: dict, rep: int, phases: list[dict]) -> None:
         """One engine: the configuration ``name`` on ``phases`` (cells), each recorded as a run."""
@@ -220,13 +235,13 @@ def main() -> None:
         try:
             out = run_isolated(job, env=env)
         except Exception as err:  # one failing configuration must not lose the round
-            for p in phases:
+            for p in (p for p in phases if not p.get(UNTIMED)):
                 print(f"{target} bs={p['batch_size']} T={p['temperature']} {name}: FAILED {err}", flush=True)
                 runs.append({"target": target, "batch_size": p["batch_size"], "temperature": p["temperature"],
                              "config": name, "error": str(err)[-500:]})
             write(runs, meta, args.name)
             return
-        for p, result in zip(phases, out.get("phases", [out])):
+        for p, result in timed_results(phases, out.get("phases", [out])):
             runs.append(record(result, target, p, name, rep, time.time() - t0, shared=len(phases) > 1))
             print(f"{target} bs={p['batch_size']} T={p['temperature']} {name} rep={rep}: "
                   f"{result['tok_per_s']:.2f} tok/s rules={result.get('rules_chosen')} "
@@ -253,6 +268,22 @@ def main() -> None:
         import matrix  # imports this module's names; here only, so the two do not import each other at load
 
         print(matrix.add_and_build([args.name]))
+
+
+def served_phases(prompts: list[str], temperatures: list[float]) -> list[dict]:
+    """Untimed phases an engine serves before its cells (``--served-before``): per
+    temperature, ``prompts`` one at a time. An engine's first minute differs from the
+    rest of its life: on a CPU each new step shape builds its kernels once, and the
+    adaptive budget runs its warm-up and first probes. A cell's own warm-up (4 tokens)
+    covers a fixed k's one shape only, so without these the first cell charged the
+    budget alone for the engine's start. ``prompts`` must not be the cells' own."""
+    return [{"prompts": prompts, "temperature": temp, "batch_size": 1, "request_seeds": None, "warmup": True,
+             UNTIMED: True} for temp in temperatures] if prompts else []
+
+
+def timed_results(phases: list[dict], results: list[dict]) -> list[tuple[dict, dict]]:
+    """Each timed phase with its result (an engine's untimed phases dropped)."""
+    return [(p, r) for p, r in zip(phases, results, strict=True) if not p.get(UNTIMED)]
 
 
 def record(result: dict, target: str, phase: dict, name: str, rep: int, wall_s: float, shared: bool) -> dict:
@@ -323,6 +354,9 @@ def to_markdown(runs: list[dict], meta: dict) -> str:
            "lists them (`--one-engine`): the budget carried what it learnt from one cell into the next, as in "
            "a served engine; a batch size's second cell skipped the untimed run (its engine had run that "
            "batch size)."] if any(r.get("shared_engine") for r in runs) else []),
+        *(["", f"Before its cells, each engine served {a['served_before']} other held-out prompt(s) one at a "
+           "time per temperature, untimed (`--served-before`): the cells measure a running engine, its new "
+           "shapes built and the budget's warm-up done."] if a.get("served_before") else []),
         *(["", "Cells marked unseeded run T > 0 without request seeds: vLLM 0.32.0's CPU build cannot "
            "rewind a seeded generator when a prefill is chunked (`seeds_work`)."]
           if any(not seeds_work(r["batch_size"], r["temperature"]) for r in runs) else []),

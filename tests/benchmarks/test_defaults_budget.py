@@ -78,3 +78,16 @@ def test_the_target_curve_as_priced_beside_the_steps_of_one_size() -> None:
     assert any(line.endswith("| plain | ran | 430 | - | - |") for line in lines), lines
     assert any(line.endswith("| fixed k4 | ran | - | - | 340 |") for line in lines), lines
     assert defaults.target_curve([plain, fixed]) == []
+
+
+def test_an_engine_serves_other_prompts_untimed_before_its_cells() -> None:
+    served = defaults.served_phases(["q7", "q8"], [0.0, 1.0])
+    assert [(p["temperature"], p["batch_size"], p["prompts"]) for p in served] == [(0.0, 1, ["q7", "q8"]),
+                                                                                   (1.0, 1, ["q7", "q8"])]
+    cells = [{"batch_size": 1, "temperature": 0.0}, {"batch_size": 8, "temperature": 0.0}]
+    results = [{"tok_per_s": x} for x in (1.0, 2.0, 3.0, 4.0)]
+    kept = defaults.timed_results(served + cells, results)
+    assert [(p["batch_size"], r["tok_per_s"]) for p, r in kept] == [(1, 3.0), (8, 4.0)]
+    assert defaults.served_phases([], [0.0]) == []
+    with pytest.raises(ValueError):  # a result lost or extra must not shift the cells' results
+        defaults.timed_results(served + cells, results[:3])
