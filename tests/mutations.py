@@ -267,9 +267,16 @@ MUTATIONS = [
     Mutation(
         "blind-lump", "the choice of k ignores how far the draft states have fallen behind",
         "vllm_hetero_spec/policy/budget.py",
-        "        lump = 0.0 if lengths is None else float(sum(",
-        "        lump = 0.0 if lengths is not None else float(sum(",
+        "        behind = [0.0 if lengths is None or not d else",
+        "        behind = [0.0 if lengths is not None or not d else",
         ("tests/policy/test_budget.py",),
+    ),
+    Mutation(
+        "blind-end", "the choice of k ignores how many tokens each request has left",
+        "vllm_hetero_spec/policy/budget.py",
+        "        left = left or [None] * rows\n",
+        "        left = [None] * rows\n",
+        ("tests/policy/test_budget.py", "-k", "about_to_end"),
     ),
     Mutation(
         "graph-pad-slots", "a graph-padded forward leaves its padding tokens the previous step's KV slots",

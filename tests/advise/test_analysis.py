@@ -141,14 +141,30 @@ def test_a_drafter_that_never_pays_keeps_the_adaptive_budget() -> None:
 
 def test_settings_that_disagree_get_auto_and_the_adaptive_budget() -> None:
     """slem best at batch 1 with k = 3, tli at batch 8 with k = 1, tli at T = 1: auto,
-    each kind's rules fastest first (geometric mean over its settings), up to k = 3."""
+    each kind's rules fastest first (geometric mean over its settings), up to k = 3;
+    slrs, best nowhere, is no candidate (auto would pay turns on it for nothing)."""
     options = [_option("slem", 0.0, 1, 3, 1.5), _option("tli", 0.0, 1, 2, 1.2),
                _option("slem", 0.0, 8, 1, 1.01), _option("tli", 0.0, 8, 1, 1.05),
                _option("tli", 1.0, 1, 2, 1.2), _option("slrs", 1.0, 1, 1, 1.1)]
     config = config_for(options, "d", "hetero", ConfigNames("d", "/m/d"), best_per_setting(options, "d", "hetero"))
     assert config == {"method": "hetero", "model": "d", "num_speculative_tokens": 3, "algorithm": "auto",
                       "num_speculative_tokens_per_batch_size": [[1, 7, 3], [8, 1024, 1]],
-                      "sampled_speculative_tokens": 2, "auto_greedy": ["slem", "tli"], "auto_sampled": ["tli", "slrs"]}
+                      "sampled_speculative_tokens": 2, "auto_greedy": ["slem", "tli"], "auto_sampled": ["tli"]}
+
+
+def test_a_setting_that_drafts_nothing_favours_no_rule() -> None:
+    """slem wins batch 1 at T = 0, tli at T = 1; at batch 8 nothing pays and the rule
+    projected there (every one at 1.00x) is no candidate: each kind gets its one winner,
+    so auto spends no turns comparing (the shape of advise's config for the 1.5B target)."""
+    options = [_option("slem", 0.0, 1, 2, 1.60), _option("tli", 0.0, 1, 2, 1.56),
+               _option("tli", 1.0, 1, 2, 1.41), _option("slrs", 1.0, 1, 2, 1.25)]
+    options += [_option(rule, t, 8, 0, 1.0) for rule, t in (("tli", 0.0), ("slem", 0.0), ("slrs", 1.0))]
+    config = config_for(options, "d", "hetero", ConfigNames("d", "/m/d"), best_per_setting(options, "d", "hetero"))
+    assert config["algorithm"] == "auto"
+    assert config["auto_greedy"] == ["slem"] and config["auto_sampled"] == ["tli"]
+    one_kind = [o for o in options if o.temperature == 0]
+    pinned = config_for(one_kind, "d", "hetero", ConfigNames("d", "/m/d"), best_per_setting(one_kind, "d", "hetero"))
+    assert pinned["algorithm"] == "slem"  # batch 8's tli, at k = 0, does not make it auto
 
 
 def test_sampled_requests_that_never_pay_are_capped_at_zero() -> None:

@@ -67,8 +67,8 @@ def _steps(smollm2: str, qwen05: str) -> dict:
     prop.load_model(None)
     order = ["greedy", "sampled"]
     requests = {"greedy": SamplingParams(temperature=0.0), "sampled": SamplingParams(temperature=1.0)}
-    prop.attach_runner(SimpleNamespace(input_batch=SimpleNamespace(req_ids=order),
-                                       requests={r: SimpleNamespace(sampling_params=p) for r, p in requests.items()}))
+    states = {r: SimpleNamespace(sampling_params=p, output_token_ids=[]) for r, p in requests.items()}
+    prop.attach_runner(SimpleNamespace(input_batch=SimpleNamespace(req_ids=order), requests=states))
     prompt = load_tokenizer(qwen05).encode("The quick brown fox jumps over the")
     seen = []
     for step in range(STEPS):

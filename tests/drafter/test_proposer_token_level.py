@@ -112,7 +112,7 @@ def _proposer(
 def _attach(prop, requests: dict[str, SamplingParams], order: list[str]) -> None:
     prop.attach_runner(SimpleNamespace(
         input_batch=SimpleNamespace(req_ids=order),
-        requests={r: SimpleNamespace(sampling_params=p) for r, p in requests.items()},
+        requests={r: SimpleNamespace(sampling_params=p, output_token_ids=[]) for r, p in requests.items()},
     ))
 
 
@@ -414,13 +414,17 @@ def test_budget_lengths_reach_the_drafts_and_the_plan(monkeypatch, bridge, smoll
     rejections) is cut to match, so verification reads exactly what was proposed."""
     a, b, absent = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "union", [a, b, b, absent])
-    seen: list[list[int]] = []
-    monkeypatch.setattr(prop.policy.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(lengths) or [0, 2, K])
-    params = SamplingParams(temperature=1.0, seed=3)
-    _attach(prop, {r: params for r in ("r0", "r1", "r2")}, ["r0", "r1", "r2"])
+    seen: list[tuple[list[int], list[int | None]]] = []
+    monkeypatch.setattr(prop.policy.budget, "plan",
+                        lambda req_ids, drafting, lengths, rules, left: seen.append((lengths, left)) or [0, 2, K])
+    _attach(prop, {r: SamplingParams(temperature=1.0, seed=3, max_tokens=n)
+                   for r, n in (("r0", 50), ("r1", 20), ("r2", None))}, ["r0", "r1", "r2"])
+    prop.runner.requests["r1"].output_token_ids = [7] * 5
     out = _propose(prop, qwen05, 3)
     assert [len(o) for o in out] == [0, 2, K]
-    assert len(seen[0]) == 3 and min(seen[0]) > 0  # each row's length, to price its catch-up
+    lengths, left = seen[0]
+    assert len(lengths) == 3 and min(lengths) > 0  # each row's length, to price its catch-up
+    assert left == [50, 15, None]  # what each may still emit: max_tokens less its output
     assert out[1] == out[2][:2]
     assert "r0" not in prop.states  # never sent to the drafter: it syncs when it next drafts
     plan = prop.take_verify_plan()
@@ -434,7 +438,7 @@ def test_budget_lengths_reach_the_drafts_and_the_plan(monkeypatch, bridge, smoll
 def test_a_step_at_zero_skips_the_drafter(monkeypatch, bridge, smollm2, qwen05) -> None:
     a, b, _ = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "tli", [a, b])
-    monkeypatch.setattr(prop.policy.budget, "plan", lambda req_ids, drafting, lengths, rules: [0] * len(req_ids))
+    monkeypatch.setattr(prop.policy.budget, "plan", lambda req_ids, drafting, lengths, rules, left: [0] * len(req_ids))
     _attach(prop, {"r0": SamplingParams(temperature=0.0)}, ["r0"])
     calls = prop.host.drafter.runtime.calls
     assert _propose(prop, qwen05, 1) == [[]]
@@ -449,7 +453,8 @@ def test_auto_gives_each_kind_of_request_its_rule(monkeypatch, bridge, smollm2, 
     a, b, _ = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "auto", [a, b, a, b])
     seen: list[list[str]] = []
-    monkeypatch.setattr(prop.policy.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(rules) or [K] * 2)
+    monkeypatch.setattr(prop.policy.budget, "plan",
+                        lambda req_ids, drafting, lengths, rules, left: seen.append(rules) or [K] * 2)
     _attach(prop, {"g": SamplingParams(temperature=0.0), "s": SamplingParams(temperature=1.0, seed=3)}, ["g", "s"])
     out = _propose(prop, qwen05, 2)
     assert seen == [["slem", "tli"]] and all(out)
@@ -468,7 +473,8 @@ def test_a_request_that_names_its_rule_drafts_with_it(monkeypatch, bridge, smoll
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "auto", [a, b, a, b], auto_greedy=("slem", "tli"),
                      auto_sampled=("tli",))
     seen: list[list[str]] = []
-    monkeypatch.setattr(prop.policy.budget, "plan", lambda req_ids, drafting, lengths, rules: seen.append(rules) or [K] * 2)
+    monkeypatch.setattr(prop.policy.budget, "plan",
+                        lambda req_ids, drafting, lengths, rules, left: seen.append(rules) or [K] * 2)
     _attach(prop, {"g": SamplingParams(temperature=0.0),
                    "named": SamplingParams(temperature=0.0, extra_args={"algorithm": "tli"})}, ["g", "named"])
     out = _propose(prop, qwen05, 2)

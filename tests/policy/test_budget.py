@@ -403,6 +403,27 @@ def test_a_new_request_with_a_long_prompt_still_drafts_at_batch_1() -> None:
     assert drafted_at_once(16.0) >= 10 > 2 >= drafted_at_once(1.0)
 
 
+def test_a_request_about_to_end_starts_no_catch_up() -> None:
+    """The same fresh request with a 500-token prompt, where drafting pays at batch 1:
+    with 200 tokens to go it mostly drafts at once (its lump spread over 16 steps); with
+    3 to go (the tail of a batch, where a schedule kept it from drafting so far) never:
+    its drafts can earn 2 tokens at most and its catch-up is repaid over 3 steps."""
+
+    def drafts(left: int) -> int:
+        count = 0
+        for seed in range(20):
+            policy = AdaptiveBudget(8)
+            simulate(policy, Machine(**{**CPU.__dict__, "ingest": 0.0014}), [ALPHA], 100, seed=2 * seed)
+            count += policy.would_draft(["new"], [True], [500], None, [left])
+        return count
+
+    assert drafts(200) >= 10 > 0 == drafts(3)
+    for step in range(10):  # a probe step among them: a request's last token is never drafted for
+        last = AdaptiveBudget(4)
+        simulate(last, CPU, [ALPHA], 100 + step)
+        assert last.plan(["r0"], [True], [PROMPT + 60], None, [1]) == [0]
+
+
 def test_drafting_cost_is_fitted_per_set_of_rules() -> None:
     """auto alternating a cheap rule and a dear one (slrs's psi tree): each keeps its own
     cost, so the cheap one is not priced out of drafting by the other's."""

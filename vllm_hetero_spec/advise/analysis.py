@@ -240,13 +240,23 @@ class Recommendation:
     configs: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _rule_order(options: list[Option], drafter: str, greedy: bool) -> list[str]:
-    """The drafter's rules for one kind of request, fastest first (mean projected speedup)."""
+def _rule_order(options: list[Option], drafter: str, greedy: bool,
+                per: dict[tuple[float, int], Option]) -> list[str]:
+    """The drafter's rules for one kind of request, fastest first (mean projected speedup):
+    those that are the best of some setting of the kind where drafting pays (k > 0), or
+    every rule where none does.
+
+    ``auto`` compares its candidates by taking turns, each turn paying the draft states'
+    catch-up on what the rule before left, so a candidate that won nowhere in the
+    measurements only costs: at batch 1, T = 0, auto comparing ``slem`` and ``tli`` (1.60x
+    and 1.56x projected) measured 4-9% below either rule pinned, once its engine had
+    served a while (docs/advise.md#how-close-it-comes)."""
     by_rule: dict[str, list[float]] = {}
     for o in options:
         if o.drafter == drafter and o.rule != DRAFT_MODEL and (o.temperature == 0) == greedy:
             by_rule.setdefault(o.rule, []).append(o.projected)
-    return sorted(by_rule, key=lambda r: -geometric_mean(by_rule[r]))
+    winners = {o.rule for (t, _), o in per.items() if (t == 0) == greedy and o.k > 0}
+    return sorted(winners or by_rule, key=lambda r: -geometric_mean(by_rule[r]))
 
 
 @dataclass(frozen=True)
@@ -273,12 +283,14 @@ def config_for(options: list[Option], drafter: str, method: str, names: ConfigNa
       ones, ``sampled_speculative_tokens`` caps them the same way (a schedule is per
       batch size only);
     - the rule: where every setting favours the same rule, that rule; otherwise ``auto``
-      with each kind's rules fastest first."""
+      with each kind's rules fastest first, those that won a setting (:func:`_rule_order`)."""
     k = max(max(o.k for o in per.values()), 1)
     if method == DRAFT_MODEL:
         return {"method": "draft_model", "model": names.draft_model, "num_speculative_tokens": k}
     config: dict[str, Any] = {"method": "hetero", "model": names.hetero, "num_speculative_tokens": k}
-    rules, ks = {o.rule for o in per.values()}, {o.k for o in per.values()}
+    # a setting where nothing drafts (k = 0) favours no rule
+    ks = {o.k for o in per.values()}
+    rules = {o.rule for o in per.values() if o.k > 0} or {o.rule for o in per.values()}
     if len(ks) == 1 and 0 not in ks:
         config["draft_budget"] = "fixed"
     schedule = batch_schedule(per)
@@ -292,7 +304,7 @@ def config_for(options: list[Option], drafter: str, method: str, names: ConfigNa
         return {**config, "algorithm": rules.pop()}
     config["algorithm"] = "auto"
     for key, greedy in (("auto_greedy", True), ("auto_sampled", False)):
-        order = _rule_order(options, drafter, greedy)
+        order = _rule_order(options, drafter, greedy, per)
         if order:
             config[key] = order
     return config

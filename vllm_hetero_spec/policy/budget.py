@@ -280,6 +280,23 @@ class _Bucket:
 
 
 @dataclass
+class _Expected:
+    """What each k would give one step: ``rates`` [max_tokens + 1] tokens per second,
+    ``gains`` [rows, max_tokens] each row's P_r(j) where it can earn it, ``reach``
+    [rows, max_tokens] 1 where a row's proposal j can earn anything (it drafts, and its
+    request does not end first), the drafting rows, their catch-up ``lump`` (tokens),
+    the steps it is ``spread`` over, and the key of their rules."""
+
+    rates: list[float]
+    gains: np.ndarray
+    reach: np.ndarray
+    n_drafting: int
+    lump: float
+    spread: float
+    key: str
+
+
+@dataclass
 class Exploration:
     """What exploring cost: steps planned before the costs were known (``warmup``),
     probes made and the loss the model expected of them against the chosen k (seconds),
@@ -489,10 +506,13 @@ class AdaptiveBudget:
         return out
 
     def plan(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
-             rules: list[str] | None = None) -> list[int]:
+             rules: list[str] | None = None, left: list[int | None] | None = None) -> list[int]:
         """The draft length per row of the batch (0 for rows not ``drafting``);
         ``lengths``: each row's length (prompt + output), to price the catch-up of
-        draft states that have fallen behind; ``rules``: each row's rule (``auto``)."""
+        draft states that have fallen behind; ``rules``: each row's rule (``auto``);
+        ``left``: the most tokens each row may still emit (its ``max_tokens`` less its
+        output; ``None``: unbounded), which bounds what its drafts can earn and the steps
+        its catch-up is spread over."""
         rows = len(req_ids)
         if not self.ready:
             k = min(_WARMUP[self.warmup_steps % len(_WARMUP)], self.max_tokens)
@@ -503,12 +523,16 @@ class AdaptiveBudget:
         bucket = self.buckets.setdefault(bucket_of(rows), _Bucket())
         step = bucket.steps
         bucket.steps += 1
-        rates, gains, n_drafting, lump, key = self._expected(req_ids, drafting, lengths, rules)
+        seen = self._expected(req_ids, drafting, lengths, rules, left)
+        if not seen.reach.any():  # every drafting row ends before a draft could count
+            self.last_plan = ("no row has tokens left to draft", seen.rates, seen.lump)
+            return [0] * rows
+        rates, gains, n_drafting, lump, key = seen.rates, seen.gains, seen.n_drafting, seen.lump, seen.key
         gain = gains.sum(0)
         best, why = self._best(rates)
         self.last_plan = (why, rates, lump)
         if self.explore_every and step % self.explore_every == self.explore_every // 2:
-            probe = self._probe(req_ids, drafting, rules, rates, best, n_drafting, lump, key)
+            probe = self._probe(req_ids, rules, seen, best)
             if probe is not None:
                 # What the probe is expected to lose against `best`: the time its tokens
                 # take beyond what they would at best's rate, its catch-up lump paid now.
@@ -531,16 +555,15 @@ class AdaptiveBudget:
         return self._clamp([max(1, int((g[:best] > bar).sum())) for g in gains], drafting)
 
     def would_draft(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
-                    rules: list[str] | None = None) -> bool:
+                    rules: list[str] | None = None, left: list[int | None] | None = None) -> bool:
         """Whether :meth:`plan` would draft this step with ``rules``, probes aside, without
         changing any state: ``auto`` asks it before a challenger's turn, since a rule the
         budget would not draft with runs at plain speed, which says nothing of the rule."""
         if not self.ready:
             return any(drafting)
-        return self._best(self._expected(req_ids, drafting, lengths, rules)[0])[0] > 0
+        return self._best(self._expected(req_ids, drafting, lengths, rules, left).rates)[0] > 0
 
-    def _probe(self, req_ids: list[str], drafting: list[bool], rules: list[str] | None, rates: list[float],
-               best: int, n_drafting: int, lump: float, key: str) -> int | None:
+    def _probe(self, req_ids: list[str], rules: list[str] | None, seen: _Expected, best: int) -> int | None:
         """The length worth a probe, or ``None`` when none could beat ``best``.
 
         Each other length is judged at the edge of what is known of the positions where
@@ -557,7 +580,7 @@ class AdaptiveBudget:
         uncertain again with time (:class:`PositionAcceptance`), so a change is still
         found."""
         rules = rules or [""] * len(req_ids)
-        mask = np.asarray(drafting, dtype=np.float64)[:, None]
+        rates, n_drafting = seen.rates, seen.n_drafting
         point = np.stack([self.acceptance(r, rule) for r, rule in zip(req_ids, rules)])
         rows = len(req_ids)
         promise: dict[int, float] = {}
@@ -568,7 +591,8 @@ class AdaptiveBudget:
             lo, hi = min(k, best), max(k, best)
             a[:, lo:hi] = np.stack([self.acceptance(r, rule, 1 if k > best else -1)[lo:hi]
                                     for r, rule in zip(req_ids, rules)])
-            edge = self.rates(rows, (np.cumprod(a, axis=1) * mask).sum(0), n_drafting, lump, self.horizon, key)
+            edge = self.rates(rows, (np.cumprod(a, axis=1) * seen.reach).sum(0), n_drafting, seen.lump, seen.spread,
+                              seen.key)
             promise[k] = edge[k] / rates[best] if k > best else rates[k] / max(edge[best], 1e-12)
             if not self.target.priced(rows + k * n_drafting):
                 promise[k] = max(promise[k], 1.0)  # its price is a guess or stale: only running it tells
@@ -578,19 +602,34 @@ class AdaptiveBudget:
         return max(promise, key=lambda k: (promise[k], -abs(k - best)))
 
     def _expected(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None,
-                  rules: list[str] | None) -> tuple[list[float], np.ndarray, int, float, str]:
-        """Expected tokens per second per k, each row's P_r(j) (rows x max_tokens), the
-        drafting rows, their catch-up lump (tokens) and the key of their rules."""
-        rules = rules or [""] * len(req_ids)
-        gains = np.stack([np.cumprod(self.acceptance(r, rule)) for r, rule in zip(req_ids, rules)])
-        gains *= np.asarray(drafting)[:, None]
+                  rules: list[str] | None, left: list[int | None] | None) -> _Expected:
+        """What each k is expected to give this step (:class:`_Expected`).
+
+        A row with ``left`` tokens to go earns nothing from a draft past its ``left - 1``-th
+        (the request ends there, whatever is accepted), and repays its catch-up over at
+        most ``left`` steps rather than ``horizon``: at the tail of a batch the requests
+        that finish last, short of the batch size a schedule keeps from drafting, had their
+        whole contexts' catch-up priced as if 16 steps would share it, and drafted."""
+        rows = len(req_ids)
+        rules = rules or [""] * rows
+        left = left or [None] * rows
+        positions = np.arange(self.max_tokens)
+        reach = np.stack([(positions < (self.max_tokens if n is None else n - 1)) & d
+                          for n, d in zip(left, drafting)]).astype(np.float64)
+        gains = np.stack([np.cumprod(self.acceptance(r, rule)) for r, rule in zip(req_ids, rules)]) * reach
         n_drafting = int(sum(drafting))
         # Tokens the drafting rows' states have fallen behind by, beyond the one token a
-        # request that drafted last step has to read anyway (the steady catch-up).
-        lump = 0.0 if lengths is None else float(sum(
-            max(self._behind(r, n) - 1, 0) for r, n, d in zip(req_ids, lengths, drafting) if d))
+        # request that drafted last step has to read anyway (the steady catch-up), and
+        # the steps they are spread over (the lump's harmonic share of each row's).
+        behind = [0.0 if lengths is None or not d else float(max(self._behind(r, n) - 1, 0))
+                  for r, n, d in zip(req_ids, lengths or [0] * rows, drafting)]
+        lump = sum(behind)
+        per_step = sum(b / min(self.horizon, max(n, 1)) for b, n in zip(behind, left) if n is not None)
+        per_step += sum(b / self.horizon for b, n in zip(behind, left) if n is None)
+        spread = lump / per_step if per_step > 0 else self.horizon
         key = _draft_key(rules, drafting)
-        return self.rates(len(req_ids), gains.sum(0), n_drafting, lump, self.horizon, key), gains, n_drafting, lump, key
+        rates = self.rates(rows, gains.sum(0), n_drafting, lump, spread, key)
+        return _Expected(rates, gains, reach, n_drafting, lump, spread, key)
 
     def _best(self, rates: list[float]) -> tuple[int, str]:
         """The k of the best expected rate, and why."""
@@ -643,12 +682,12 @@ class FixedBudget:
         """Nothing to learn."""
 
     def would_draft(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
-                    rules: list[str] | None = None) -> bool:
+                    rules: list[str] | None = None, left: list[int | None] | None = None) -> bool:
         """Every drafting row always drafts."""
         return any(drafting)
 
     def plan(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
-             rules: list[str] | None = None) -> list[int]:
+             rules: list[str] | None = None, left: list[int | None] | None = None) -> list[int]:
         return [self.max_tokens if d else 0 for d in drafting]
 
     def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float,

@@ -95,10 +95,11 @@ class StepPolicy:
         return [self.step_cap if t < GREEDY_EPS else sampled for t in temperatures]
 
     def plan(self, now: float, req_ids: list[str], sampled: list[int], temperatures: list[float],
-             row_lengths: list[int], asked: list[str | None]) -> StepPlan:
+             row_lengths: list[int], asked: list[str | None], left: list[int | None] | None = None) -> StepPlan:
         """This step's plan. ``sampled``: [rows] tokens each row sampled in the step just
         verified (0: still prefilling, so it drafts nothing); ``row_lengths``: [rows]
-        committed tokens; ``asked``: [rows] the rule each request names, or None."""
+        committed tokens; ``asked``: [rows] the rule each request names, or None;
+        ``left``: [rows] the most tokens each request may still emit (None: unbounded)."""
         self.budget.observe(now, req_ids, sampled)
         if self.rules is not None:
             self.rules.observe(now, req_ids, sampled)
@@ -109,9 +110,9 @@ class StepPolicy:
         rules = None
         if self.rules is not None:
             chosen = self.rules.choose(
-                temperatures, lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, _own(asked, rs)))
+                temperatures, lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, _own(asked, rs), left))
             rules = _own(asked, chosen)
-        lengths = self.budget.plan(req_ids, drafting, row_lengths, rules)
+        lengths = self.budget.plan(req_ids, drafting, row_lengths, rules, left)
         return StepPlan([min(n, cap) for n, cap in zip(lengths, caps)], rules,
                         None if rules is None else [a is not None for a in asked])
 

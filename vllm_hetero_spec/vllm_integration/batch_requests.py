@@ -38,6 +38,17 @@ def request_params(runner: Any, req_id: str, settings: HeteroSettings,
     return RequestParams(float(p.temperature), int(p.top_k or 0), float(p.top_p), p.seed, tau)
 
 
+def tokens_left(runner: Any, req_id: str) -> int | None:
+    """The most tokens the request may still emit: its ``max_tokens`` less its output
+    (``None`` where vLLM sets no bound). The draft budget reads it: a draft past the
+    request's end earns nothing, and a catch-up must be repaid before it."""
+    state = runner.requests[req_id]
+    p = state.sampling_params
+    if p is None or p.max_tokens is None:
+        return None
+    return max(int(p.max_tokens) - len(state.output_token_ids), 0)
+
+
 def asked_rule(runner: Any, req_id: str, offered: tuple[str, ...]) -> str | None:
     """The rule the request names (``extra_args["algorithm"]``) among ``offered``, or
     None: ``auto`` chooses (a name the engine lacks is logged and left to ``auto``)."""

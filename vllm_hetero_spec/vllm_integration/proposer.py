@@ -47,7 +47,7 @@ from vllm_hetero_spec.model_names import target_tokenizer_folder
 from vllm_hetero_spec.policy.step_log import StepLog
 from vllm_hetero_spec.policy.step_policy import StepPlan, StepPolicy
 from vllm_hetero_spec.verify.plan import VerifyPlan
-from vllm_hetero_spec.vllm_integration.batch_requests import asked_rule, grammar_cut, request_params
+from vllm_hetero_spec.vllm_integration.batch_requests import asked_rule, grammar_cut, request_params, tokens_left
 from vllm_hetero_spec.vllm_integration.drafts_broadcast import CHECK_RANKS_ENV, ranks_agree, share_drafts, tp_group
 
 logger = plugin_logger(__name__)
@@ -227,7 +227,8 @@ class HeteroProposer:
             asked = [asked_rule(self.runner, r, self._rules_offered) for r in req_ids] \
                 if self.policy.rules is not None else [None] * len(req_ids)
             # plan
-            plan = self.policy.plan(start, req_ids, sampled, [p.temperature for p in params], row_lengths, asked)
+            left = [tokens_left(self.runner, r) for r in req_ids]
+            plan = self.policy.plan(start, req_ids, sampled, [p.temperature for p in params], row_lengths, asked, left)
             if plan.rules is not None:
                 params = [dataclasses.replace(p, rule=rule) for p, rule in zip(params, plan.rules)]
             # drafts
