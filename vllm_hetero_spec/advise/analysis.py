@@ -248,9 +248,8 @@ def _rule_order(options: list[Option], drafter: str, greedy: bool,
 
     ``auto`` compares its candidates by taking turns, each turn paying the draft states'
     catch-up on what the rule before left, so a candidate that won nowhere in the
-    measurements only costs: at batch 1, T = 0, auto comparing ``slem`` and ``tli`` (1.60x
-    and 1.56x projected) measured 4-9% below either rule pinned, once its engine had
-    served a while (docs/advise.md#how-close-it-comes)."""
+    measurements only costs (docs/advise.md#how-close-it-comes: the config listing both
+    greedy rules against each one pinned)."""
     by_rule: dict[str, list[float]] = {}
     for o in options:
         if o.drafter == drafter and o.rule != DRAFT_MODEL and (o.temperature == 0) == greedy:

@@ -607,9 +607,9 @@ class AdaptiveBudget:
 
         A row with ``left`` tokens to go earns nothing from a draft past its ``left - 1``-th
         (the request ends there, whatever is accepted), and repays its catch-up over at
-        most ``left`` steps rather than ``horizon``: at the tail of a batch the requests
-        that finish last, short of the batch size a schedule keeps from drafting, had their
-        whole contexts' catch-up priced as if 16 steps would share it, and drafted."""
+        most ``left`` steps rather than ``horizon``: at the tail of a batch, the requests
+        that finish last fall below the batch size a schedule keeps from drafting, and
+        priced over ``horizon`` steps their whole contexts' catch-up looked affordable."""
         rows = len(req_ids)
         rules = rules or [""] * rows
         left = left or [None] * rows
@@ -624,8 +624,8 @@ class AdaptiveBudget:
         behind = [0.0 if lengths is None or not d else float(max(self._behind(r, n) - 1, 0))
                   for r, n, d in zip(req_ids, lengths or [0] * rows, drafting)]
         lump = sum(behind)
-        per_step = sum(b / min(self.horizon, max(n, 1)) for b, n in zip(behind, left) if n is not None)
-        per_step += sum(b / self.horizon for b, n in zip(behind, left) if n is None)
+        steps = [self.horizon if n is None else min(self.horizon, max(n, 1)) for n in left]
+        per_step = sum(b / s for b, s in zip(behind, steps))
         spread = lump / per_step if per_step > 0 else self.horizon
         key = _draft_key(rules, drafting)
         rates = self.rates(rows, gains.sum(0), n_drafting, lump, spread, key)
