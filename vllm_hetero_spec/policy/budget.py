@@ -613,9 +613,9 @@ class AdaptiveBudget:
         rows = len(req_ids)
         rules = rules or [""] * rows
         left = left or [None] * rows
-        positions = np.arange(self.max_tokens)
-        reach = np.stack([(positions < (self.max_tokens if n is None else n - 1)) & d
-                          for n, d in zip(left, drafting)]).astype(np.float64)
+        ends = np.array([self.max_tokens if n is None else n - 1 for n in left])  # [rows] positions that can count
+        reach = (np.arange(self.max_tokens) < ends[:, None]) & np.asarray(drafting, dtype=bool)[:, None]
+        reach = reach.astype(np.float64)
         gains = np.stack([np.cumprod(self.acceptance(r, rule)) for r, rule in zip(req_ids, rules)]) * reach
         n_drafting = int(sum(drafting))
         # Tokens the drafting rows' states have fallen behind by, beyond the one token a
