@@ -15,11 +15,19 @@ projects per output length; each is checked against its own projection):
   each engine running its consecutive rounds in one process (one engine alive at a
   time, so a large target's memory is freed between them).
 
+Every engine first serves ``--served-before`` other held-out prompts per temperature,
+untimed, as a server has before the requests measured: the recommended config learns
+(the adaptive budget's warm-up and probes, ``auto``'s comparisons), and a fresh engine
+charged its first timed round with that once-in-a-life cost.
+
 A measured speedup is the option's tokens per second over the same round's plain
 decoding at the same temperature and batch size; its spread, the range over rounds.
 The bar: every projection within 15% of the median measured speedup, or inside the
 measured spread where that is wider; the recommended config's measured speedup the best
-measured at each setting, or within 5% of it.
+measured at each setting, or within 5% of it. Options that draft nothing there (pinned
+to k = 0) are one configuration run in several engines, so they count as one option, its
+speedup the median over all their rounds: the fastest of several engines doing the same
+work is their noise, not an option.
 
     .venv/bin/python benchmarks/advise_check.py                       # every target
     .venv/bin/python benchmarks/advise_check.py --targets qwen2.5-coder-1.5b
@@ -96,9 +104,10 @@ def reused_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[s
     return reanalyse(folder, str(folder / "config.json"))
 
 
-def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argparse.Namespace
-               ) -> list[tuple[str, dict[str, Any]]]:
-    """The engines of the held-out measurement, in order, each with its runs (pins)."""
+def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argparse.Namespace,
+               served: list | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The engines of the held-out measurement, in order, each with its runs (pins) and
+    the ``served`` prompts it serves, untimed, before them."""
     from vllm_hetero_spec.advise.cli import engine_dtype, resolve_model
     from vllm_hetero_spec.advise.session import base_job
 
@@ -109,7 +118,7 @@ def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argpar
                     max_model_len=ran["max_model_len"], seed=ran["seed"], max_tokens=max(args.check_lengths),
                     k=args.k, batch_sizes=sorted({b for _, b, _ in settings}),
                     temperatures=sorted({t for t, _, _ in settings}),
-                    enforce_eager=ran.get("enforce_eager", False))
+                    enforce_eager=ran.get("enforce_eager", False)) | {"served": served or []}
 
     def pins(rows: list[dict[str, Any]], rs: list[int]) -> list[dict[str, Any]]:
         few = {"prompts": args.batch1_prompts} if args.batch1_prompts else {}
@@ -194,7 +203,7 @@ def verdicts(advised: dict[str, Any], runs: list[dict[str, dict[str, Any]]], len
             ok = abs(projected / med - 1) <= TOLERANCE or min(xs) <= projected <= max(xs)
             rows.append({"drafter": o["drafter"], "rule": o["rule"], "T": o["temperature"], "b": o["batch"],
                          "tokens": n, "k": o["k"], "projected": projected, "measured": med, "low": min(xs),
-                         "high": max(xs), "ok": ok})
+                         "high": max(xs), "per_round": xs, "ok": ok})
     rec_rows = []
     measured = newest("recommended")
     if measured is not None:
@@ -202,11 +211,27 @@ def verdicts(advised: dict[str, Any], runs: list[dict[str, dict[str, Any]]], len
             xs = speedups(measured, "recommended", None, t, b, n)
             if not xs:  # a check cut short before this setting's run
                 continue
-            best = max(r["measured"] for r in rows if (r["T"], r["b"], r["tokens"]) == (t, b, n))
+            best, name = best_option([r for r in rows if (r["T"], r["b"], r["tokens"]) == (t, b, n)])
             med = statistics.median(xs)
             rec_rows.append({"T": t, "b": b, "tokens": n, "measured": med, "low": min(xs), "high": max(xs),
-                             "best_option": best, "ok": med >= (1 - RECOMMENDED_WITHIN) * best})
+                             "best_option": best, "best_name": name, "ok": med >= (1 - RECOMMENDED_WITHIN) * best})
     return rows, rec_rows, missing
+
+
+def best_option(rows: list[dict[str, Any]]) -> tuple[float, str]:
+    """The best measured option of one setting's ``rows`` and its name. The options that
+    draft nothing (k = 0) are one configuration measured in several engines: they count
+    once, at the median over all their rounds (one engine's k = 0 options share a run,
+    :func:`distinct_runs`, so each engine's rounds count once)."""
+    def name(r: dict[str, Any]) -> str:
+        return f"{r['drafter']} {r['rule']}" + ("" if r["rule"] == "draft_model" else f" k={r['k']}")
+
+    drafting = [(r["measured"], name(r)) for r in rows if r["k"] != 0]
+    idle = {r["drafter"]: r["per_round"] for r in rows if r["k"] == 0}
+    if idle:
+        pooled = statistics.median([x for xs in idle.values() for x in xs])
+        drafting.append((pooled, f"drafting nothing ({len(idle)} engine{'s' if len(idle) > 1 else ''})"))
+    return max(drafting)
 
 
 def slim(measured: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -230,6 +255,9 @@ def main() -> None:
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--k", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--served-before", type=int, default=1, metavar="N",
+                    help="held-out prompts (past the check's) each engine serves per temperature, untimed, "
+                         "before its runs")
     ap.add_argument("--reuse-advise", action="store_true",
                     help="take advise's result already in results/advise_<target>/ (same settings) "
                          "instead of rerunning it")
@@ -244,7 +272,8 @@ def main() -> None:
     from vllm_hetero_spec.advise.session import planned_calls
 
     first_round = -(-args.num_prompts // categories())
-    prompts = as_chat(spec_bench_questions(args.held_out, first_round=first_round))
+    questions = as_chat(spec_bench_questions(args.held_out + args.served_before, first_round=first_round))
+    prompts, served = questions[:args.held_out], questions[args.held_out:]
     results = {"meta": meta(args), "targets": earlier_targets()}
     for target in args.targets:
         folder = results_dir() / f"advise_{target}"
@@ -252,7 +281,7 @@ def main() -> None:
         if advised is None:
             shutil.rmtree(folder, ignore_errors=True)
             advised = run_advise(target, args, folder)
-        jobs = check_jobs(target, advised, prompts, args)
+        jobs = check_jobs(target, advised, prompts, args, served)
         earlier = []
         if args.engines is not None:
             unknown = set(args.engines) - {label for label, _ in jobs}
@@ -311,7 +340,8 @@ def settings_line(m: dict[str, Any]) -> str:
     return (f"{m['date']}: advise on {a['num_prompts']} prompts, checked on {a['held_out']} held-out ones{at_one}, "
             f"{a['max_tokens']} tokens on the sample, {a.get('check_lengths', [a['max_tokens']])} held out, "
             f"T {a['temperatures']}, batch {a['batch_sizes']}, k <= {a['k']}, "
-            f"{a['rounds']} rounds.")
+            f"{a['rounds']} rounds" + (f", each engine serving {a['served_before']} other held-out prompt(s) per "
+                                       "temperature first, untimed" if a.get("served_before") else "") + ".")
 
 
 def write(results: dict[str, Any]) -> None:
@@ -330,7 +360,8 @@ def write(results: dict[str, Any]) -> None:
             md += ["", f"Recommended: `{json.dumps(r['recommendation']['config'])}`", ""]
             md += table(["T", "b", "tokens", "measured", "best option measured", f"within {RECOMMENDED_WITHIN:.0%}"],
                         [[f"{x['T']:g}", x["b"], x.get("tokens", "-"), ratio_cell(x["measured"], x["low"], x["high"]),
-                          f"{x['best_option']:.2f}x", "yes" if x["ok"] else "**no**"] for x in r["recommended"]])
+                          f"{x['best_option']:.2f}x" + (f" ({x['best_name']})" if x.get("best_name") else ""),
+                          "yes" if x["ok"] else "**no**"] for x in r["recommended"]])
         if r.get("order"):
             md += ["", "Engine order of this run: " + " | ".join(r["order"]) + "."]
         for run in r.get("earlier_runs", []):

@@ -97,3 +97,29 @@ def test_batch1_prompts_shortens_the_runs_at_batch_1_only() -> None:
         pins = [p for _, job in jobs for p in job["pins"]]
         assert {p["b"] for p in pins} == {1, 8}
         assert all(p.get("prompts") == (few if p["b"] == 1 else None) for p in pins)
+
+
+def test_options_that_draft_nothing_count_once_at_the_median_of_their_rounds() -> None:
+    """Two engines pinned to k = 0 are one configuration: the best option is not the
+    faster of the two (their noise) but the median over both engines' rounds; an
+    engine's k = 0 options share its rounds, which count once."""
+    def row(drafter: str, rule: str, k: int, rounds: list[float]) -> dict:
+        return {"drafter": drafter, "rule": rule, "k": k, "measured": sorted(rounds)[len(rounds) // 2],
+                "per_round": rounds}
+
+    idle = [row("a", "slem", 0, [0.96, 1.00]), row("a", "tli", 0, [0.96, 1.00]), row("b", "tli", 0, [1.02, 1.10])]
+    assert advise_check.best_option(idle) == (1.01, "drafting nothing (2 engines)")
+    assert advise_check.best_option([*idle, row("q", "draft_model", 4, [0.6, 0.7])])[0] == 1.01
+    assert advise_check.best_option([*idle, row("a", "tli", 2, [1.2, 1.3])]) == (1.3, "a tli k=2")
+
+
+def test_every_engine_serves_the_served_prompts_before_its_runs() -> None:
+    from argparse import Namespace
+
+    advised = {"args": {"dtype": "auto", "max_model_len": 2048, "seed": 0}, "drafters": ["smollm2-135m"],
+               "options": [{"drafter": "smollm2-135m", "rule": "tli", "temperature": 0.0, "batch": 1, "k": 2}],
+               "recommendation": {"per_drafter": [], "config": {"method": "hetero", "model": "smollm2-135m"}}}
+    args = Namespace(rounds=2, check_lengths=[64], k=4, batch1_prompts=None)
+    served = [[{"role": "user", "content": "other"}]]
+    jobs = advise_check.check_jobs("smollm2-135m", advised, [[{"role": "user", "content": "q"}]] * 8, args, served)
+    assert len(jobs) == 4 and all(job["served"] == served for _, job in jobs)

@@ -23,7 +23,9 @@ A job with ``pins`` (``{"T", "b"}`` each, and for ``hetero`` ``"rule"`` and ``"k
 ``"max_tokens"`` where it differs from the job's; ``"prompts"``: the first that many
 prompts only; ``"round"`` is carried to the result)
 runs just those settings, no sweep: how a projection is checked on prompts ``advise``
-did not see, at the output lengths it projected for.
+did not see, at the output lengths it projected for. A job with ``served`` (prompts that
+are not the measured ones) serves them first, untimed: a running server's engine, not a
+fresh one, is what users meet.
 
 Progress goes to stdout as ``ADVISE-PROGRESS <done> <total>`` lines, which the parent
 turns into a progress bar; everything else (vLLM's logs) into its log file.
@@ -100,6 +102,7 @@ class Session:
             enforce_eager=job.get("enforce_eager", False),
         )
         self.prompts = render(job["prompts"], self.llm.get_tokenizer())
+        self.served = render(job.get("served", []), self.llm.get_tokenizer())
         self.total = planned_calls(job)
         self.done = 0
 
@@ -107,19 +110,22 @@ class Session:
         self.done += 1
         print(f"{PROGRESS} {self.done} {self.total}", flush=True)
 
-    def generate(self, indices: list[int], batch: int, temperature: float, max_tokens: int) -> tuple[float, list[int]]:
-        """``indices``' prompts, ``batch`` at a time; the wall time and each output's length.
+    def generate(self, indices: list[int], batch: int, temperature: float, max_tokens: int,
+                 prompts: list[str] | None = None) -> tuple[float, list[int]]:
+        """``indices``' prompts (of the sample, or of ``prompts``), ``batch`` at a time; the
+        wall time and each output's length.
         Requests carry no seed: a seeded request is verified by equality with its own
         random stream, which accepts fewer drafts at T > 0 than the unseeded traffic
         advise projects for (the engine's seed keeps runs repeatable)."""
         from vllm.sampling_params import SamplingParams
 
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+        source = self.prompts if prompts is None else prompts
         lengths: list[int] = []
         t0 = time.perf_counter()
         for s in range(0, len(indices), batch):
             chunk = indices[s:s + batch]
-            outputs = self.llm.generate([self.prompts[i] for i in chunk], params, use_tqdm=False)
+            outputs = self.llm.generate([source[i] for i in chunk], params, use_tqdm=False)
             lengths += [len(o.outputs[0].token_ids) for o in outputs]
         return time.perf_counter() - t0, lengths
 
@@ -136,13 +142,20 @@ class Session:
         prefill (one token each). Without the prefills, an engine's first timed pass
         over the sample met each prompt's length for the first time and ran slower than
         the same pass repeated; that pass is always the first temperature at the
-        smallest batch, whose speedups it skewed (docs/advise.md)."""
+        smallest batch, whose speedups it skewed (docs/advise.md).
+
+        Then the job's ``served`` prompts, one at a time per temperature, to its longest
+        output: an engine's first requests also pay the adaptive budget's warm-up and
+        first probes and ``auto``'s first comparisons, which a server pays once in its
+        life, so a config that learns is measured as it runs once it has served."""
         everything = list(range(len(self.prompts)))
         for b in self.job["batch_sizes"]:
             if self.hetero:
                 self.pin(self._first_rule(), self.job["k"])
             self.generate(list(range(b)), b, 0.0, WARMUP_TOKENS + self.job["k"])
             self.generate(everything, b, 0.0, 1)
+        for t in self.job["temperatures"] if self.served else []:
+            self.generate(list(range(len(self.served))), 1, t, self.job["max_tokens"], self.served)
         if self.hetero:
             self.read()
 
