@@ -457,6 +457,20 @@ MUTATIONS = [
         ("tests/policy/test_step_log.py",),
     ),
     Mutation(
+        "advise-flat-acceptance", "advise projects every reply from the sample's acceptance as a whole",
+        "vllm_hetero_spec/advise/analysis.py",
+        "projected_with = phases or acceptance",
+        "projected_with = acceptance",
+        ("tests/advise/test_analysis.py", "-k", "rises"),
+    ),
+    Mutation(
+        "step-log-no-position", "the step log records every acceptance at the start of a reply",
+        "vllm_hetero_spec/policy/step_log.py",
+        "verified = tuple((self._emitted.get(r, 0), sent[r]",
+        "verified = tuple((0, sent[r]",
+        ("tests/policy/test_step_log.py",),
+    ),
+    Mutation(
         "advise-no-prefill-share", "advise projects decode steps alone, as if a run had no prefill",
         "vllm_hetero_spec/advise/analysis.py",
         'plain_run["wall_first"] / len(_groups(plain_run["lengths"], b)) / unit',

@@ -11,8 +11,8 @@ import pytest
 
 from vllm_hetero_spec.advise.analysis import (
     DRAFT_MODEL, OUTPUT_LENGTHS, ConfigNames, Option, best_per_setting, config_for, draft_model_options, hetero_options, plain_step,
-    recommend, sweep_costs)
-from vllm_hetero_spec.advise.projection import StepCosts, at_length, best_at_lengths, group_steps
+    recommend, rescaled, sweep_costs)
+from vllm_hetero_spec.advise.projection import Phased, StepCosts, at_length, best_at_lengths, group_steps
 from vllm_hetero_spec.advise.report import plot, table, verdict, write_json
 from vllm_hetero_spec.config import parse_settings
 
@@ -269,3 +269,66 @@ def test_table_plot_and_json(tmp_path) -> None:
     data = json.loads((tmp_path / "a.json").read_text())
     assert data["recommendation"]["config"] == rec.config and len(data["options"]) == 2
     assert not any(isinstance(v, float) and math.isnan(v) for o in data["options"] for v in o.values())
+
+
+def _verified(run: dict, early: int, late: int, switch: int) -> None:
+    """Give ``run``'s steady steps a log of what each row accepted: ``early`` of 4 drafts
+    before output token ``switch``, ``late`` from it on (a row a step, 20 of each)."""
+    run["max_tokens"] = 2 * switch
+    rows = [[p, K, early] for p in range(1, switch, switch // 20)][:20]
+    rows += [[switch + p, K, late] for p in range(20)]
+    steady = [s for s in run["steps"] if s["steady"]]
+    for i, step in enumerate(steady):
+        step["verified"] = rows[i::len(steady)]
+
+
+def test_acceptance_that_rises_along_a_reply_projects_long_replies_higher() -> None:
+    """The sample's replies accepted 1 of 4 drafts in their first half and 3 of 4 in their
+    second: long replies project from the second half's rate (pooled over batch sizes),
+    short ones from the first's, and vLLM's draft_model with the same drafter takes the
+    same rise over its own whole-sample acceptance."""
+    measured = _hetero({"tli": [0.5, 0.5, 0.5, 0.0]})
+    for run in measured["runs"]:
+        _verified(run, early=1, late=3, switch=32)
+    flat = {o.batch: o for o in hetero_options("small", _hetero({"tli": [0.5, 0.5, 0.5, 0.0]}), PLAIN, K)}
+    options = {o.batch: o for o in hetero_options("small", measured, PLAIN, K)}
+    phases = options[1].phases
+    assert phases == Phased((1.0, 0.0, 0.0, 0.0), (1.0, 1.0, 1.0, 0.0), 32)
+    assert flat[1].phases is None and options[1].acceptance == flat[1].acceptance  # the counters, as measured
+    assert options[1].by_length[1024] > flat[1].by_length[1024]
+    assert options[1].by_length[64] < options[1].by_length[1024]
+    dm = {"kind": "draft_model", "runs": [
+        {"T": 0.0, "b": b, "rule": None, "wall": _plain_run(b)["wall"] / 2, "lengths": [64] * 8,
+         "counters": {"num_drafts": 10.0, "accepted_per_position": [8.0, 6.0, 4.0, 2.0]}} for b in PLAIN_STEP]}
+    rose = draft_model_options("small", dm, PLAIN, K, OUTPUT_LENGTHS, list(options.values()))
+    alone = draft_model_options("small", dm, PLAIN, K)
+    assert rose[0].phases == rescaled([0.8, 0.6, 0.4, 0.2], phases, [0.5, 0.5, 0.5, 0.0])
+    # 0.8 * 1.0 / 0.5 is capped at 1; a position ours never accepted keeps draft_model's own share
+    assert rose[0].phases.late == pytest.approx((1.0, 1.0, 0.8, 0.2))
+    assert rose[0].phases.early == pytest.approx((1.0, 0.0, 0.0, 0.0))
+    assert alone[0].phases is None and rose[0].by_length[1024] > alone[0].by_length[1024]
+
+
+def test_too_few_drafts_in_a_phase_keep_one_acceptance_for_the_reply() -> None:
+    measured = _hetero({"tli": [0.5, 0.5, 0.5, 0.0]})
+    for run in measured["runs"]:
+        _verified(run, early=1, late=3, switch=32)
+        for step in run["steps"]:
+            step["verified"] = step.get("verified", [])[:1]  # each step's first: early ones only
+    assert all(o.phases is None for o in hetero_options("small", measured, PLAIN, K))
+
+
+def test_draft_model_rises_as_the_rule_of_ours_nearest_its_own_acceptance() -> None:
+    """Two rules of ours rose differently; vLLM's draft_model takes the rise of the one
+    whose whole-sample acceptance is nearest its own (with one vocabulary, ``tli``)."""
+    measured = _hetero({"tli": [0.8, 0.6, 0.4, 0.2], "slem": [0.5, 0.5, 0.5, 0.0]})
+    for run in measured["runs"]:
+        rise = (1, 3) if run["rule"] == "slem" else (2, 4)
+        _verified(run, *rise, switch=32)
+    ours = hetero_options("small", measured, PLAIN, K)
+    dm = {"kind": "draft_model", "runs": [
+        {"T": 0.0, "b": 1, "rule": None, "wall": _plain_run(1)["wall"] / 2, "lengths": [64] * 8,
+         "counters": {"num_drafts": 10.0, "accepted_per_position": [8.0, 6.0, 4.0, 2.0]}}]}
+    tli = next(o for o in ours if o.rule == "tli")
+    assert draft_model_options("small", dm, PLAIN, K, OUTPUT_LENGTHS, ours)[0].phases == rescaled(
+        [0.8, 0.6, 0.4, 0.2], tli.phases, tli.acceptance)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hetero_spec.advise.projection import StepCosts, at_length, best, best_at_lengths, expected_tokens, speedup
+from vllm_hetero_spec.advise.projection import (
+    Phased, StepCosts, at_length, best, best_at_lengths, decode_steps, expected_tokens, speedup)
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 ROWS = json.loads((RESULTS / "step_anatomy.json").read_text())["rows"]
@@ -62,3 +63,18 @@ def test_prefill_and_reading_weigh_less_as_replies_grow() -> None:
     assert by_length[-1] < steady and by_length[-1] == pytest.approx(steady, rel=0.01)
     chosen = best_at_lengths(acceptance, costs, 1, (64, 256, 1024))
     assert set(chosen.by_length) == {64, 256, 1024} and chosen.by_length[64] == at_length(acceptance, costs, chosen.k, 1, 64)
+
+
+def test_a_reply_runs_through_its_early_phase_then_the_steady_one() -> None:
+    """Nothing accepted before output token 10, everything after: from the prefill's one
+    token, 9 steps of one token reach token 10, then 20 tokens take 10 steps of two."""
+    phased = Phased((0.0,), (1.0,), switch=10)
+    assert decode_steps(phased, 1, 29) == pytest.approx(19.0)
+    assert decode_steps(phased, 1, 5) == pytest.approx(decode_steps([0.0], 1, 5)) == 5.0  # early throughout
+    assert decode_steps(Phased((0.6, 0.3), (0.6, 0.3), 24), 2, 200) == pytest.approx(decode_steps([0.6, 0.3], 2, 200))
+    assert expected_tokens(phased, 1) == 2.0  # the steady state is the late phase
+    # a long reply's speedup approaches the late phase's; a short one stays near the early one's
+    costs = StepCosts({2: 1.2}, draft_forward=0.1)
+    rising = Phased((0.5, 0.2), (0.8, 0.6), 24)
+    assert at_length([0.5, 0.2], costs, 2, 1, 16) == pytest.approx(at_length(rising, costs, 2, 1, 16))
+    assert at_length(rising, costs, 2, 1, 64) < at_length(rising, costs, 2, 1, 1024) < speedup([0.8, 0.6], costs, 2)

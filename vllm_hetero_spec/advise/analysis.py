@@ -19,15 +19,20 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_hetero_spec.advise.projection import StepCosts, at_length, best_at_lengths, expected_tokens, group_steps
+from vllm_hetero_spec.advise.projection import (
+    Acceptance, Phased, StepCosts, at_length, best_at_lengths, expected_tokens, group_steps)
 from vllm_hetero_spec.config import SCHEDULE_KEY
 
 DRAFT_MODEL = "draft_model"
 #: Output tokens per request projected at by default: a short reply, a typical one, a long one.
 OUTPUT_LENGTHS = (64, 256, 1024)
+#: The fewest drafts a phase of a reply (:func:`_phases`) is estimated from; with fewer,
+#: one acceptance for the whole reply.
+MIN_PHASE_DRAFTS = 30
 #: The last batch size a written schedule names: a round figure past any measured size
 #: (vLLM carries the last range's k on past it, up to ``max_num_seqs``).
 SCHEDULE_END = 1024
@@ -48,7 +53,9 @@ class Option:
     :data:`DRAFT_MODEL`; ``acceptance``: per position at the measured length;
     ``draft_cost``: one draft position's cost in target steps; ``projected``: the best
     ``k``'s speedup, the geometric mean over the output lengths projected at, each in
-    ``by_length``; ``sample``: the speedup measured on the sample at the longest ``k``."""
+    ``by_length``; ``sample``: the speedup measured on the sample at the longest ``k``;
+    ``phases``: the acceptance early in a reply and past it, where it was measured so
+    (the projection's, else ``acceptance``)."""
 
     drafter: str
     rule: str
@@ -61,6 +68,7 @@ class Option:
     draft_cost: float
     by_k: dict[int, float] = field(default_factory=dict)
     by_length: dict[int, float] = field(default_factory=dict)
+    phases: Phased | None = None
 
     @property
     def mean_accepted(self) -> float:
@@ -91,6 +99,43 @@ def _acceptance(runs: list[dict[str, Any]], k: int) -> list[float]:
         for i, n in enumerate(r["counters"]["accepted_per_position"][:k]):
             accepted[i] += n
     return [a / drafts for a in accepted]
+
+
+def _phases(runs: list[dict[str, Any]], k: int) -> Phased | None:
+    """Per position, the share of drafts accepted there over the first half of the
+    sample's replies and over the second (the proposer's step log records each row's
+    point in its reply, :class:`~vllm_hetero_spec.policy.step_log.StepTiming`), pooled
+    over ``runs``: a reply's first tokens accept less than the rest, so a long reply's
+    steady state is the second half's. None where either half has fewer than
+    :data:`MIN_PHASE_DRAFTS` drafts, or the log records none (an older result)."""
+    switch = max(r.get("max_tokens", 0) for r in runs) // 2
+    accepted = [(position, a) for r in runs for step in r.get("steps", []) for position, _, a in
+                step.get("verified", [])]
+    early = [a for position, a in accepted if position < switch]
+    late = [a for position, a in accepted if position >= switch]
+    if min(len(early), len(late)) < MIN_PHASE_DRAFTS:
+        return None
+
+    def rates(xs: list[int]) -> tuple[float, ...]:
+        return tuple(sum(a >= i for a in xs) / len(xs) for i in range(1, k + 1))
+
+    return Phased(rates(early), rates(late), switch)
+
+
+def rescaled(own: list[float], phases: Phased, pooled: list[float]) -> Phased:
+    """``own`` acceptance (over a whole sample) in two phases, rising from one to the
+    other as ``phases`` does against its own whole-sample figure ``pooled``: how
+    ``draft_model``, whose engine logs no steps, takes the phases its drafter showed
+    under the plugin. Each position's share stays at most 1 and at most the one before
+    it (cumulative)."""
+    def scaled(phase: tuple[float, ...]) -> tuple[float, ...]:
+        out, cap = [], 1.0
+        for a, p, q in zip(own, phase, pooled):
+            cap = min(cap, a * p / q if q > 0 else a)
+            out.append(cap)
+        return tuple(out)
+
+    return Phased(scaled(phases.early), scaled(phases.late), phases.switch)
 
 
 def _plain(plain: dict[str, Any], t: float, b: int) -> dict[str, Any]:
@@ -135,7 +180,7 @@ def sweep_costs(hetero: dict[str, Any], b: int) -> tuple[dict[int, float], float
     return dict(sorted(target.items())), max(mean_y - slope * mean_k, 0.0), slope
 
 
-def _tail(run: dict[str, Any], acceptance: list[float], k: int, b: int) -> float:
+def _tail(run: dict[str, Any], acceptance: Acceptance, k: int, b: int) -> float:
     """The run's decode steps (its proposals, less one prefill step per group) over the
     count its pooled acceptance predicts: above 1 where some requests of a batch accept
     less than others and the batch waits for them."""
@@ -152,12 +197,15 @@ def hetero_options(drafter: str, hetero: dict[str, Any], plain: dict[str, Any], 
     (its median proposal at the longest ``k``, less the sweep's fixed cost); a group's
     prefill is the plain run's time to its first tokens, and the drafter's reading of its
     prompts what the run's non-steady proposals took beyond a steady one, each per group
-    of ``b`` requests: paid once per request, whatever its length."""
+    of ``b`` requests: paid once per request, whatever its length. Acceptance is in two
+    phases of a reply where the step log allows (:func:`_phases`)."""
     out = []
     by_b = {b: sweep_costs(hetero, b) for b in sorted({s["b"] for s in hetero["sweep"]})}
     for rule, t in sorted({(r["rule"], r["T"]) for r in hetero["runs"]}):
         runs = [r for r in hetero["runs"] if r["rule"] == rule and r["T"] == t]
         acceptance = _acceptance(runs, k_max)
+        phases = _phases(runs, k_max)
+        projected_with = phases or acceptance
         for run in runs:
             b = run["b"]
             target, host, per_position = by_b[b]
@@ -171,14 +219,14 @@ def hetero_options(drafter: str, hetero: dict[str, Any], plain: dict[str, Any], 
             costs = StepCosts({k: v / unit for k, v in target.items()}, max(propose - host, 0.0) / k_max / unit,
                               host / unit, plain_run["wall_first"] / len(_groups(plain_run["lengths"], b)) / unit,
                               reading / groups / unit)
-            chosen = best_at_lengths(acceptance, costs, b, lengths, _tail(run, acceptance, k_max, b))
+            chosen = best_at_lengths(projected_with, costs, b, lengths, _tail(run, projected_with, k_max, b))
             out.append(Option(drafter, rule, t, b, chosen.k, chosen.speedup, _tok_per_s(run) / _tok_per_s(plain_run),
-                              acceptance, costs.draft_forward, chosen.by_k, chosen.by_length))
+                              acceptance, costs.draft_forward, chosen.by_k, chosen.by_length, phases))
     return out
 
 
 def draft_model_options(drafter: str, measured: dict[str, Any], plain: dict[str, Any], k_max: int,
-                        lengths: tuple[int, ...] = OUTPUT_LENGTHS) -> list[Option]:
+                        lengths: tuple[int, ...] = OUTPUT_LENGTHS, ours: Sequence[Option] = ()) -> list[Option]:
     """vLLM's ``draft_model`` with the same drafter at its fixed ``k``, projected at output
     ``lengths`` from each run's measured decode step: the run's time past the plain
     run's prefill, over the decode steps its own acceptance predicts. At each length the
@@ -188,7 +236,11 @@ def draft_model_options(drafter: str, measured: dict[str, Any], plain: dict[str,
     pooled, as :func:`hetero_options` pools ours, the draw weighs half as much. Its
     prefill is the plain run's, so the drafter's first pass over each prompt counts as part
     of the measured steps: at lengths past the sample's it is counted again per step,
-    which errs against ``draft_model``, never for it."""
+    which errs against ``draft_model``, never for it. Its acceptance rises along a reply
+    as the same drafter's did under the plugin at the same temperature (``ours``, where
+    it measured two phases, :func:`rescaled`), under the rule whose whole-sample
+    acceptance is nearest its own: with one vocabulary, ``tli`` drafts what
+    ``draft_model`` drafts, so long replies project alike for both."""
     out = []
     for run in measured["runs"]:
         t, b = run["T"], run["b"]
@@ -196,15 +248,18 @@ def draft_model_options(drafter: str, measured: dict[str, Any], plain: dict[str,
         unit = plain_step(plain_run, b)
         own = _acceptance([run], k_max)
         pooled = _acceptance([r for r in measured["runs"] if r["T"] == t], k_max)
+        rising = [o for o in ours if o.drafter == drafter and o.temperature == t and o.phases is not None]
+        nearest = min(rising, key=lambda o: sum((a - b) ** 2 for a, b in zip(o.acceptance, pooled)), default=None)
+        phases = None if nearest is None else rescaled(pooled, nearest.phases, nearest.acceptance)
         groups = _groups(run["lengths"], b)
         first = min(plain_run["wall_first"], run["wall"])
         steps = group_steps(own, k_max, groups)
         step = (run["wall"] - first) / steps / unit if steps > 0 else 1.0
         costs = StepCosts({k_max: step}, 0.0, 0.0, first / len(groups) / unit)
-        by_length = {n: at_length(pooled, costs, k_max, b, n) for n in lengths}
+        by_length = {n: at_length(phases or pooled, costs, k_max, b, n) for n in lengths}
         projected = geometric_mean(list(by_length.values()))
         out.append(Option(drafter, DRAFT_MODEL, t, b, k_max, projected, _tok_per_s(run) / _tok_per_s(plain_run),
-                          pooled, float("nan"), {k_max: projected}, by_length))
+                          pooled, float("nan"), {k_max: projected}, by_length, phases))
     return out
 
 

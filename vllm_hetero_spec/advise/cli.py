@@ -355,7 +355,8 @@ def report(meta: dict[str, Any], drafters: list[Model], results: Path, out: str 
         if d.name in measured:
             options += hetero_options(d.name, measured[d.name], measured["plain"], k, lengths)
         if draft_model_label(d.name) in measured:
-            options += draft_model_options(d.name, measured[draft_model_label(d.name)], measured["plain"], k, lengths)
+            options += draft_model_options(d.name, measured[draft_model_label(d.name)], measured["plain"], k, lengths,
+                                           options)
     rec = recommend(options, {d.name: ConfigNames(d.config_name, str(d.folder)) for d in drafters})
     md, says = table(options), verdict(rec)
     print(md)

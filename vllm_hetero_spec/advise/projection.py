@@ -19,6 +19,13 @@ decode steps per token, so the same pair gains more on long replies than on shor
 generate, not only at its sample's, whose short requests weigh the reading most.
 Without lengths, the steady state: ``E(k) / step``.
 
+Acceptance itself rises along a reply: its first tokens turn from the prompt to the
+answer, where a small drafter guesses worst, and later ones continue what is already
+written. Measured on a short sample, one figure for every position would project long
+replies low, so acceptance may come in two phases (:class:`Phased`): one over a
+request's first output tokens, one past them, and :func:`decode_steps` follows a
+request through both.
+
 Pure arithmetic on measured numbers: ``advise`` measures them on the user's machine and
 prompts; ``tests/advise/test_projection.py`` checks the formula against the step
 anatomy recorded by ``benchmarks/step_anatomy.py``.
@@ -52,6 +59,26 @@ class StepCosts:
 
 
 @dataclass(frozen=True)
+class Phased:
+    """Acceptance per draft position (cumulative, as :func:`expected_tokens` takes it)
+    that changes along a reply: ``early`` while a request has fewer than ``switch``
+    output tokens, ``late`` (the steady state) from then on."""
+
+    early: tuple[float, ...]
+    late: tuple[float, ...]
+    switch: int
+
+
+#: Acceptance per draft position: one figure for every point of a reply, or two phases.
+Acceptance = Sequence[float] | Phased
+
+
+def steady(acceptance: Acceptance) -> Sequence[float]:
+    """The acceptance a long reply settles at."""
+    return acceptance.late if isinstance(acceptance, Phased) else acceptance
+
+
+@dataclass(frozen=True)
 class Projection:
     """The best draft length for one (drafter, rule, batch, temperature) and its speedup;
     ``by_k``: the speedup at every draft length measured (``k = 0``: plain, 1.0);
@@ -63,34 +90,47 @@ class Projection:
     by_length: dict[int, float] = field(default_factory=dict)
 
 
-def expected_tokens(acceptance: Sequence[float], k: int) -> float:
+def expected_tokens(acceptance: Acceptance, k: int) -> float:
     """``E(k)``: tokens a request emits per step drafting ``k`` (``acceptance[i]``: the
-    share of steps whose position ``i + 1`` was accepted, cumulative)."""
+    share of steps whose position ``i + 1`` was accepted, cumulative), in the steady
+    state."""
+    acceptance = steady(acceptance)
     if k > len(acceptance):
         raise ValueError(f"acceptance was measured at {len(acceptance)} positions, not {k}")
     return 1.0 + sum(acceptance[:k])
 
 
-def decode_steps(acceptance: Sequence[float], k: int, tokens: int) -> float:
-    """The expected steps drafting ``k`` takes to emit ``tokens`` tokens: each step emits
-    ``j + 1`` with probability ``r_j - r_{j+1}`` (``r_0 = 1``, ``r_{k+1} = 0``), and the
-    last step no more than are left."""
+def _emissions(acceptance: Sequence[float], k: int) -> list[tuple[int, float]]:
+    """A step drafting ``k`` emits ``j + 1`` tokens with probability ``r_j - r_{j+1}``
+    (``r_0 = 1``, ``r_{k+1} = 0``)."""
+    if k > len(acceptance):
+        raise ValueError(f"acceptance was measured at {len(acceptance)} positions, not {k}")
     r = [1.0, *acceptance[:k], 0.0]
-    emit = [(j + 1, r[j] - r[j + 1]) for j in range(k + 1)]
-    steps = [0.0] * (tokens + 1)
+    return [(j + 1, r[j] - r[j + 1]) for j in range(k + 1)]
+
+
+def decode_steps(acceptance: Acceptance, k: int, tokens: int, start: int = 1) -> float:
+    """The expected steps drafting ``k`` takes to emit ``tokens`` tokens, the request
+    having ``start`` output tokens before the first (its prefill's): each step emits
+    what :func:`_emissions` says for the request's point in its reply, and the last step
+    no more than are left."""
+    phased = acceptance if isinstance(acceptance, Phased) else Phased(tuple(acceptance), tuple(acceptance), 0)
+    early, late = _emissions(phased.early, k), _emissions(phased.late, k)
+    steps = [0.0] * (tokens + 1)  # steps[n]: the expected steps to emit the last n tokens
     for n in range(1, tokens + 1):
+        emit = early if start + tokens - n < phased.switch else late
         steps[n] = 1.0 + sum(p * steps[max(n - e, 0)] for e, p in emit)
     return steps[tokens]
 
 
-def group_steps(acceptance: Sequence[float], k: int, groups: Sequence[Sequence[int]]) -> float:
+def group_steps(acceptance: Acceptance, k: int, groups: Sequence[Sequence[int]]) -> float:
     """Expected decode steps drafting ``k`` for groups of requests run together (their
     output lengths): each group until its longest request ends (expected steps grow
     with the tokens to emit, so the longest request's count is the group's)."""
     return sum(decode_steps(acceptance, k, max(g) - 1) for g in groups)
 
 
-def speedup(acceptance: Sequence[float], costs: StepCosts, k: int, groups: Sequence[Sequence[int]] | None = None,
+def speedup(acceptance: Acceptance, costs: StepCosts, k: int, groups: Sequence[Sequence[int]] | None = None,
             tail: float = 1.0) -> float:
     """The projected speedup over plain decoding of drafting ``k`` tokens every step, for
     groups of requests run together (each group's output lengths; it runs until its
@@ -107,25 +147,25 @@ def speedup(acceptance: Sequence[float], costs: StepCosts, k: int, groups: Seque
     return plain / drafting
 
 
-def at_length(acceptance: Sequence[float], costs: StepCosts, k: int, batch: int, tokens: int,
+def at_length(acceptance: Acceptance, costs: StepCosts, k: int, batch: int, tokens: int,
               tail: float = 1.0) -> float:
     """:func:`speedup` for one group of ``batch`` requests of ``tokens`` output tokens each."""
     return speedup(acceptance, costs, k, [[tokens] * batch], tail)
 
 
-def best(acceptance: Sequence[float], costs: StepCosts, groups: Sequence[Sequence[int]] | None = None,
+def best(acceptance: Acceptance, costs: StepCosts, groups: Sequence[Sequence[int]] | None = None,
          tail: float = 1.0) -> Projection:
     """The draft length the measured costs favour (0, plain, when none pays), as the
     adaptive budget would settle on it."""
     by_k = {0: 1.0}
     for k in sorted(costs.verify):
-        if 0 < k <= len(acceptance):
+        if 0 < k <= len(steady(acceptance)):
             by_k[k] = speedup(acceptance, costs, k, groups, tail)
     k = max(by_k, key=lambda n: by_k[n])
     return Projection(k, by_k[k], by_k)
 
 
-def best_at_lengths(acceptance: Sequence[float], costs: StepCosts, batch: int, lengths: Sequence[int],
+def best_at_lengths(acceptance: Acceptance, costs: StepCosts, batch: int, lengths: Sequence[int],
                     tail: float = 1.0) -> Projection:
     """The draft length with the best geometric mean of the speedups at ``lengths``
     (output tokens per request, ``batch`` requests together): one config serves replies
@@ -135,7 +175,7 @@ def best_at_lengths(acceptance: Sequence[float], costs: StepCosts, batch: int, l
 
     by_k = {0: 1.0}
     for k in sorted(costs.verify):
-        if 0 < k <= len(acceptance):
+        if 0 < k <= len(steady(acceptance)):
             by_k[k] = math.exp(sum(math.log(max(at(k, n), 1e-9)) for n in lengths) / len(lengths))
     k = max(by_k, key=lambda n: by_k[n])
     return Projection(k, by_k[k], by_k, {n: at(k, n) for n in lengths})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +35,22 @@ def table(options: list[Option]) -> str:
         groups.setdefault((o.drafter, o.rule, o.temperature), {})[o.batch] = o
     for (drafter, rule, t), by_b in groups.items():
         first = next(iter(by_b.values()))
-        cells = [drafter, rule, f"{t:g}", " ".join(f"{a:.2f}" for a in first.acceptance),
+        cells = [drafter, rule, f"{t:g}", _acceptance(first),
                  f"{first.mean_accepted:.2f}", _fmt(first.draft_cost)]
         cells += [f"{by_b[b].projected:.2f}x ({by_b[b].k})" if b in by_b else "-" for b in sizes]
         cells += [_by_length(by_b[b]) if b in by_b else "-" for b in sizes]
         cells += [f"{by_b[b].sample:.2f}x" if b in by_b else "-" for b in sizes]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _acceptance(o: Option) -> str:
+    """Per position over the sample, and past the first half of a reply where measured."""
+    def shares(xs: Sequence[float]) -> str:
+        return " ".join(f"{a:.2f}" for a in xs)
+
+    late = f" (from token {o.phases.switch}: {shares(o.phases.late)})" if o.phases is not None else ""
+    return shares(o.acceptance) + late
 
 
 def verdict(rec: Recommendation) -> str:

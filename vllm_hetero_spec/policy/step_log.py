@@ -6,7 +6,9 @@ rows and the drafts proposed, the rejection sampler, vLLM's bookkeeping), and a
 proposal's own span is the drafting. A step is *steady* (:func:`is_steady`) when that time
 is the cost of verifying what the last proposal sent, the figure both the draft budget
 (``budget.py``) and ``advise`` fit. Every proposal is one engine step, so the log also
-counts the steps a run took.
+counts the steps a run took, and what each row accepted of the drafts it was sent, at
+which point of its output: acceptance rises along a reply (the drafter has more of it to
+go on), so a short sample's acceptance alone would project long replies low.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ def is_steady(req_ids: Sequence[str], last_ids: Sequence[str], sampled: Sequence
 @dataclass(frozen=True)
 class StepTiming:
     """One step. ``tokens``: the positions the target verified (the rows plus the drafts
-    the previous proposal sent)."""
+    the previous proposal sent); ``verified``: per row that was sent drafts, its output
+    tokens before the step, the drafts it was sent and how many of them it accepted."""
 
     rows: int
     tokens: int
     target_s: float
     propose_s: float
     steady: bool
+    verified: tuple[tuple[int, int, int], ...] = ()
 
 
 class StepLog:
@@ -41,23 +45,30 @@ class StepLog:
 
     def __init__(self) -> None:
         self.steps: list[StepTiming] = []
-        self._last: tuple[list[str], int, float] | None = None  # req ids, drafts sent, end
+        self._last: tuple[dict[str, int], float] | None = None  # drafts sent per req id, end
+        self._emitted: dict[str, int] = {}  # output tokens per request so far
 
     def add(self, start: float, end: float, req_ids: list[str], sampled: list[int], proposed: list[int]) -> None:
         """A proposal that ran from ``start`` to ``end`` for ``req_ids``, after the
-        target sampled ``sampled[i]`` tokens for row ``i`` (0: still prefilling), and
-        sent ``proposed[i]`` drafts."""
+        target sampled ``sampled[i]`` tokens for row ``i`` (0: still prefilling; one
+        more than it accepted of the drafts it was sent), and sent ``proposed[i]``
+        drafts."""
         if self._last is None:  # the first since a clear: its target step was not seen
             self.steps.append(StepTiming(len(req_ids), 0, 0.0, end - start, False))
         else:
-            last_ids, drafted, last_end = self._last
-            self.steps.append(StepTiming(len(req_ids), len(last_ids) + drafted, start - last_end, end - start,
-                                         is_steady(req_ids, last_ids, sampled)))
-        self._last = (list(req_ids), sum(proposed), end)
+            sent, last_end = self._last
+            verified = tuple((self._emitted.get(r, 0), sent[r], min(n - 1, sent[r]))
+                             for r, n in zip(req_ids, sampled) if sent.get(r, 0) > 0 and n > 0)
+            self.steps.append(StepTiming(len(req_ids), len(sent) + sum(sent.values()), start - last_end,
+                                         end - start, is_steady(req_ids, list(sent), sampled), verified))
+        for r, n in zip(req_ids, sampled):
+            self._emitted[r] = self._emitted.get(r, 0) + n
+        self._last = (dict(zip(req_ids, proposed)), end)
 
     def clear(self) -> None:
         self.steps.clear()
         self._last = None
+        self._emitted.clear()
 
     def as_dicts(self) -> list[dict]:
         return [asdict(s) for s in self.steps]
