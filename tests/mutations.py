@@ -258,6 +258,20 @@ MUTATIONS = [
         ("tests/policy/test_budget.py", "-k", "own_probes"),
     ),
     Mutation(
+        "probe-every-row", "a probe drafts with every row, however far its draft state has fallen behind",
+        "vllm_hetero_spec/policy/budget.py",
+        "            probing = self._caught_up_rows(req_ids, drafting, lengths)\n",
+        "            probing = list(drafting)\n",
+        ("tests/policy/test_budget.py", "-k", "caught_up"),
+    ),
+    Mutation(
+        "probe-prices-any-size", "a probe with a few rows caught up is worth a step to price its size",
+        "vllm_hetero_spec/policy/budget.py",
+        "            if whole and not self.target.priced(rows + k * n_drafting):",
+        "            if not self.target.priced(rows + k * n_drafting):",
+        ("tests/policy/test_budget.py", "-k", "fresh_batch or large_batch"),
+    ),
+    Mutation(
         "blind-catchup", "the draft cost fit takes a first pass over a prompt for the cost of drafting k",
         "vllm_hetero_spec/policy/budget.py",
         "            if k > 0 and lengths is not None:",

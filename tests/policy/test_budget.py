@@ -384,6 +384,35 @@ def test_new_requests_at_a_large_batch_do_not_pay_for_a_probe() -> None:
     assert rate >= 0.97 * plain and max(chosen) == 0, (rate, plain, chosen)
 
 
+def test_a_probe_drafts_only_rows_caught_up() -> None:
+    """A batch of 8 where drafting is at the edge of paying runs at k = 0, and a size
+    left unrun goes stale, which makes it worth a probe. Then 8 new requests arrive
+    (a change of traffic, as in a served engine): a probe made with every row had
+    each draft state read its whole prompt in one step, 800 tokens here (measured on
+    the 1.5B target at batch 8: 745 tokens, 1.5 s), and the batch lost 4-6% to plain
+    decoding. A probe drafts with the rows already caught up, or the least behind one,
+    so none pays more than one prompt, and the batch runs at plain speed."""
+    machine = Machine(target_a=0.5, target_b=0.005, draft_a=0.005, draft_b=0.04, draft_row=0.01, ingest=0.002)
+    alphas = [ALPHA * 0.5] * 8
+    plain = fixed_rate(machine, alphas, 0)
+    for seed in range(3):
+        policy = AdaptiveBudget(4)
+        simulate(policy, machine, alphas, 300, seed=seed)
+        paid: list[int] = []
+        plan = policy.plan
+
+        def planned(req_ids, drafting, lengths=None, rules=None, left=None):
+            behind = [policy._behind(r, n) for r, n in zip(req_ids, lengths)]
+            ks = plan(req_ids, drafting, lengths, rules, left)
+            if policy.last_plan[0] == "probe":
+                paid.append(sum(b for b, k in zip(behind, ks) if k > 0))
+            return ks
+
+        policy.plan = planned
+        rate, _ = simulate(policy, machine, alphas, 100, seed=100 + seed, prefix="new")
+        assert max(paid, default=0) <= PROMPT and rate >= 0.97 * plain, (seed, paid, rate / plain)
+
+
 def test_a_new_request_with_a_long_prompt_still_drafts_at_batch_1() -> None:
     """The lump of a new request's prompt is spread over the steps that live on it: at
     batch 1, where drafting pays (by 9% here, near the margin, so the policy's noisy

@@ -30,7 +30,7 @@ exactly as lossless as it is at any fixed k.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -532,20 +532,26 @@ class AdaptiveBudget:
         best, why = self._best(rates)
         self.last_plan = (why, rates, lump)
         if self.explore_every and step % self.explore_every == self.explore_every // 2:
-            probe = self._probe(req_ids, rules, seen, best)
+            # A probe drafts with the rows already caught up (the least behind, one at least)
+            # and is judged on them: made with a batch that had not drafted lately, it had
+            # every row's draft state read its whole context in one step to try one length.
+            probing = self._caught_up_rows(req_ids, drafting, lengths)
+            tried = seen if probing == list(drafting) else self._expected(req_ids, probing, lengths, rules, left)
+            probe = self._probe(req_ids, rules, tried, best, whole=tried is seen)
             if probe is not None:
                 # What the probe is expected to lose against `best`: the time its tokens
-                # take beyond what they would at best's rate, its catch-up lump paid now.
-                now = self.rates(rows, gain, n_drafting, lump, draft_key=key)
-                emitted = rows + float(gain[:probe].sum())
+                # take beyond what they would at best's rate, its rows' catch-up paid now.
+                tried_gain = tried.gains.sum(0)
+                now = self.rates(rows, tried_gain, tried.n_drafting, tried.lump, draft_key=tried.key)
+                emitted = rows + float(tried_gain[:probe].sum())
                 loss = max(emitted / now[probe] - emitted / rates[best], 0.0)
                 if loss <= bucket.allowance:
                     bucket.allowance -= loss
                     bucket.probes += 1
                     self.exploration.probes += 1
                     self.exploration.probe_loss_s += loss
-                    self.last_plan = ("probe", rates, lump)
-                    return self._clamp([probe] * rows, drafting)
+                    self.last_plan = ("probe", rates, tried.lump)
+                    return self._clamp([probe] * rows, probing)
         if best == 0:
             return [0] * rows
         # Trimmed per request, but never to nothing while the step drafts: a request at
@@ -563,7 +569,8 @@ class AdaptiveBudget:
             return any(drafting)
         return self._best(self._expected(req_ids, drafting, lengths, rules, left).rates)[0] > 0
 
-    def _probe(self, req_ids: list[str], rules: list[str] | None, seen: _Expected, best: int) -> int | None:
+    def _probe(self, req_ids: list[str], rules: list[str] | None, seen: _Expected, best: int,
+               whole: bool = True) -> int | None:
         """The length worth a probe, or ``None`` when none could beat ``best``.
 
         Each other length is judged at the edge of what is known of the positions where
@@ -575,7 +582,10 @@ class AdaptiveBudget:
         whatever the evidence). A length whose step size the target's curve has not
         priced, or not lately, stays worth a probe: its cost is a guess until it runs
         (in one run on the 1.5B target at batch 1, with other work on the machine, the plain
-        step stayed priced at twice its cost to the end, and k = 3 and 4 looked best). The most
+        step stayed priced at twice its cost to the end, and k = 3 and 4 looked best) -- when
+        the probe drafts with the ``whole`` batch. One that drafts with a few rows caught up
+        runs a size no plan runs (a plan drafts with every row): pricing it is not worth a
+        step, and judged worth one it probed every slot at batch 32 where nothing pays. The most
         promising one is tried, the nearest on a tie; a position left alone grows
         uncertain again with time (:class:`PositionAcceptance`), so a change is still
         found."""
@@ -594,7 +604,7 @@ class AdaptiveBudget:
             edge = self.rates(rows, (np.cumprod(a, axis=1) * seen.reach).sum(0), n_drafting, seen.lump, seen.spread,
                               seen.key)
             promise[k] = edge[k] / rates[best] if k > best else rates[k] / max(edge[best], 1e-12)
-            if not self.target.priced(rows + k * n_drafting):
+            if whole and not self.target.priced(rows + k * n_drafting):
                 promise[k] = max(promise[k], 1.0)  # its price is a guess or stale: only running it tells
         if not promise or max(promise.values()) < 1.0:
             self.exploration.skipped += 1
@@ -646,19 +656,31 @@ class AdaptiveBudget:
         only has to time a drafting step and two more sizes of the target's step; made
         with a whole batch of new requests it had every draft state read its prompt at
         once, a large share of a short batch job (docs/algorithms.md#draft-length), before
-        the budget could price that lump. The second cycle (:attr:`ready`) drafts with the
-        rows already caught up, one at least. A floor (``min_tokens``) drafts every row,
-        as it promises."""
+        the budget could price that lump. The second cycle (:attr:`ready`) only re-times
+        the first's sizes: it drafts with the rows already caught up, one at least. A floor
+        (``min_tokens``) drafts every row, as it promises."""
+        if self.warmup_steps > len(_WARMUP):
+            return self._caught_up_rows(req_ids, drafting, lengths)
+        return self._least_behind(req_ids, drafting, lengths, lambda total, lag: total + lag > self.warmup_catchup)
+
+    def _caught_up_rows(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None) -> list[bool]:
+        """The drafting rows whose draft states are at most two full drafts behind, or the
+        least behind one where none is; every row under a floor (``min_tokens``)."""
+        return self._least_behind(req_ids, drafting, lengths, lambda total, lag: lag > 2 * (self.max_tokens + 1))
+
+    def _least_behind(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None,
+                      full: Callable[[int, int], bool]) -> list[bool]:
+        """Drafting rows, the least behind first, until ``full(tokens behind so far, the
+        next row's)``; one row at least, and every drafting row under a floor or without
+        ``lengths``."""
         if self.min_tokens > 0 or lengths is None:
-            return drafting
+            return list(drafting)
         behind = sorted((self._behind(r, n), i)
                         for i, (r, n, d) in enumerate(zip(req_ids, lengths, drafting)) if d)
         chosen = [False] * len(req_ids)
         total, count = 0, 0
-        second_cycle = self.warmup_steps > len(_WARMUP)
         for lag, i in behind:
-            # The second cycle only re-times the first's sizes: rows already caught up.
-            if count and (lag > 2 * (self.max_tokens + 1) if second_cycle else total + lag > self.warmup_catchup):
+            if count and full(total, lag):
                 break
             chosen[i] = True
             total, count = total + lag, count + 1
