@@ -296,7 +296,7 @@ def record(result: dict, target: str, phase: dict, name: str, rep: int, wall_s: 
         "tok_per_s": result["tok_per_s"], "acceptance_rate": result["acceptance_rate"],
         "mean_acceptance_length": result["mean_acceptance_length"],
         "draft_lengths": result.get("draft_lengths"), "exploration": result.get("exploration"),
-        "target_curve": result.get("target_curve"),
+        "target_curve": result.get("target_curve"), "sampled_target_curve": result.get("sampled_target_curve"),
         "rules_chosen": result.get("rules_chosen"),
         "rule_rates": result.get("rule_rates"), "draft_dtype": result.get("draft_dtype"),
         "elapsed_s": result["elapsed_s"], "runner_s": result.get("runner_s"),

@@ -267,9 +267,16 @@ MUTATIONS = [
     Mutation(
         "probe-prices-any-size", "a probe with a few rows caught up is worth a step to price its size",
         "vllm_hetero_spec/policy/budget.py",
-        "            if whole and not self.target.priced(rows + k * n_drafting):",
-        "            if not self.target.priced(rows + k * n_drafting):",
+        "            if whole and not self.curve(seen.key).priced(rows + k * n_drafting):",
+        "            if not self.curve(seen.key).priced(rows + k * n_drafting):",
         ("tests/policy/test_budget.py", "-k", "fresh_batch or large_batch"),
+    ),
+    Mutation(
+        "sampled-priced-as-greedy", "a step drafting for sampled rows is priced on the greedy steps' target curve",
+        "vllm_hetero_spec/policy/budget.py",
+        "        if _is_sampled(key) and any(self.sampled_target.priced(t) for t in self.sampled_sizes):",
+        "        if False:",
+        ("tests/policy/test_budget.py", "-k", "own_steps"),
     ),
     Mutation(
         "blind-catchup", "the draft cost fit takes a first pass over a prompt for the cost of drafting k",

@@ -135,9 +135,10 @@ class JobProbe:
                 out["exploration"] = dataclasses.asdict(budget.exploration)
                 # Its target curve as it stands: per step size, the price (ms) and whether
                 # steps of its own, recent ones, set it.
-                cost = budget.target
-                out["target_curve"] = {str(t): [round(1e3 * cost.predict(t), 1), cost.priced(t)]
-                                       for t in sorted({*cost.by_size, *cost.first})}
+                # The sampled rows' curve apart (their drafting steps verify by rejection sampling).
+                for name, cost in (("target_curve", budget.target), ("sampled_target_curve", budget.sampled_target)):
+                    out[name] = {str(t): [round(1e3 * cost.predict(t), 1), cost.priced(t)]
+                                 for t in sorted({*cost.by_size, *cost.first})}
         rules = getattr(policy, "rules", None)
         if rules is not None:
             out["rules_chosen"] = dict(rules.chosen)

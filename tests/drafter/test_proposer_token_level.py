@@ -20,6 +20,7 @@ from vllm_hetero_spec.vllm_integration import proposer as proposer_module
 from vllm_hetero_spec.drafter import batch_drafter as engine_module
 from vllm_hetero_spec.config import HeteroSettings
 from vllm_hetero_spec.drafter.messages import RequestParams
+from vllm_hetero_spec.policy.budget import sampled_label
 from vllm_hetero_spec.drafter.runtime.paged_kv import BlockPool, PagedCache
 from vllm_hetero_spec.drafter.rules.mapped_sampling import ABSENT_PLACEHOLDER
 from vllm_hetero_spec.vocab.bridge import VocabBridge, load_tokenizer
@@ -449,7 +450,8 @@ def test_a_step_at_zero_skips_the_drafter(monkeypatch, bridge, smollm2, qwen05) 
 def test_auto_gives_each_kind_of_request_its_rule(monkeypatch, bridge, smollm2, qwen05) -> None:
     """``algorithm: auto`` through the proposer: a greedy and a sampled row of one step
     draft with their kinds' rules (slem, tli), the budget and the chooser learn which
-    rule each row used, and the plan carries q for the tli row only (slem is one-hot)."""
+    rule each row used (the budget the sampled row's marked as sampled), and the plan
+    carries q for the tli row only (slem is one-hot)."""
     a, b, _ = _ids(bridge)
     prop = _proposer(monkeypatch, bridge, smollm2, qwen05, "auto", [a, b, a, b])
     seen: list[list[str]] = []
@@ -457,7 +459,7 @@ def test_auto_gives_each_kind_of_request_its_rule(monkeypatch, bridge, smollm2, 
                         lambda req_ids, drafting, lengths, rules, left: seen.append(rules) or [K] * 2)
     _attach(prop, {"g": SamplingParams(temperature=0.0), "s": SamplingParams(temperature=1.0, seed=3)}, ["g", "s"])
     out = _propose(prop, qwen05, 2)
-    assert seen == [["slem", "tli"]] and all(out)
+    assert seen == [["slem", sampled_label("tli")]] and all(out)
     plan = prop.take_verify_plan()
     assert plan.q_index["s"] and all(j >= 0 for j in plan.q_index["s"])
     assert all(j < 0 for j in plan.q_index.get("g", []))

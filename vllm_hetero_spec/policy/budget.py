@@ -11,8 +11,12 @@ from *steady* steps, nobody joined or prefilling, so a prefill never passes for 
 
 - **acceptance**: per rule and draft position, overall and per request, each position learnt
   from the steps that judged it (:class:`~vllm_hetero_spec.policy.acceptance.PositionAcceptance`);
-- **the target's step**: its time against the tokens it runs, one curve for every batch size;
+- **the target's step**: its time against the tokens it runs, one curve for every batch size,
+  and one apart for steps that draft for sampled rows (their verification costs more);
 - **drafting**: proposer time linear in k, k x rows and catch-up tokens, per set of rules.
+
+A sampled row's rule is learnt under its own label (:func:`sampled_label`): its acceptance
+and costs are not those of the same rule drafting greedily.
 
 A draft state that has fallen behind (a new request, or one idle a while) must first read what
 it missed, a lump the following steps live on, so k prices it spread over ``horizon`` steps.
@@ -82,11 +86,34 @@ class LinearFit:
         self._coef = None
 
 
+# The mark of a sampled row's rule in the labels the budget keys its estimates by
+# (:func:`sampled_label`).
+SAMPLED = "@sampled"
+
+
+def sampled_label(rule: str) -> str:
+    """The label a sampled row's ``rule`` is learnt under. A sampled row's drafts are
+    judged by rejection sampling and carry q rows (the drafter's distribution over the
+    target's vocabulary), so its acceptance and its costs are not a greedy row's: priced
+    alike, a rule's greedy steps at batch 8 made its sampled drafts look worth paying
+    for where they ran far below plain decoding (docs/benchmarks.md#batch-8-probes-and-sampled-steps)."""
+    return rule + SAMPLED
+
+
+def _is_sampled(key: str) -> bool:
+    """Whether a set of rules drafting together (a key) has a sampled row."""
+    return SAMPLED in key
+
+
 def _cost_group(key: str, forward_rules: frozenset[str]) -> str:
     """The fit a set of rules drafting together is priced by: ``"forwards"`` when every
     rule drafts by the drafter's forwards alone, one per draft token, so a token costs
-    them the same (and for an engine's one rule, ``""``), else its own."""
-    return "forwards" if set(key.split("+")) <= forward_rules | {""} else key
+    them the same (and for an engine's one rule, ``""``), else its own; a set with a
+    sampled row in a group apart, since its q rows add to each token's cost."""
+    rules = {label.removesuffix(SAMPLED) for label in key.split("+")}
+    if rules <= forward_rules | {""}:
+        return "forwards" + (SAMPLED if _is_sampled(key) else "")
+    return key
 
 
 class DraftCost:
@@ -375,7 +402,9 @@ class AdaptiveBudget:
         self.accept = PositionAcceptance(max_tokens, memory=accept_memory, stale_memory=stale_memory,
                                          request_weight=request_weight, prior=prior_accept, optimism=optimism)
         self.exploration = Exploration()
-        self.target = TargetCost(cost_memory)
+        self.target = TargetCost(cost_memory)  # plain steps, and drafting steps of greedy rows only
+        self.sampled_target = TargetCost(cost_memory)  # plain steps, and drafting steps with a sampled row
+        self.sampled_sizes: set[int] = set()  # the sizes sampled drafting steps ran
         self.cost_memory = cost_memory
         # per cost group of the sets of rules drafting: proposer seconds ~ c_key + c1 k + c2 k rows
         # + c3 catch-up tokens (see record)
@@ -412,7 +441,12 @@ class AdaptiveBudget:
         earned = self.explore_share * max(target_s + last.propose_s, 0.0)
         bucket.allowance = self.explore_memory * bucket.allowance + earned
         if target_s > 0 and is_steady(req_ids, last.req_ids, sampled):
-            self.target.add(last.tokens, target_s)
+            if last.k == 0 or not _is_sampled(last.draft_key):
+                self.target.add(last.tokens, target_s)
+            if last.k == 0 or _is_sampled(last.draft_key):
+                self.sampled_target.add(last.tokens, target_s)
+            if last.k > 0 and _is_sampled(last.draft_key):
+                self.sampled_sizes.add(last.tokens)
             if last.k > 0:
                 drafting = sum(1 for k in last.proposed.values() if k > 0)
                 self._draft_cost(last.draft_key).add(last.draft_key, [last.k, last.k * drafting, last.catchup],
@@ -461,6 +495,15 @@ class AdaptiveBudget:
         cost = self._draft_cost(key)
         return max(cost.predict(key, [k, k * drafting, catchup]), 0.0) if cost.n > 0 else 0.0
 
+    def curve(self, key: str) -> TargetCost:
+        """The target's step curve a step drafting with the rules ``key`` is priced on.
+        Verifying a sampled row costs more than a greedy one (its q rows, rejection
+        sampling), so such steps have a curve of their own -- once it has priced a
+        drafting step; until then the greedy curve stands in, as it did for every step."""
+        if _is_sampled(key) and any(self.sampled_target.priced(t) for t in self.sampled_sizes):
+            return self.sampled_target
+        return self.target
+
     # -- deciding ---------------------------------------------------------------------
 
     def acceptance(self, req_id: str | None = None, rule: str = "", side: int = 0) -> np.ndarray:
@@ -484,9 +527,11 @@ class AdaptiveBudget:
         (k <= 2, few rows), so the warm-up runs its cycle twice; after that, if the batch
         kept changing under it, first steps stand in as before."""
         needed = min(len(_WARMUP), self.max_tokens + 1)
-        if self.target.sizes < needed or not any(f.n > 0 for f in self.drafts.values()):
+        # The warm-up prices the curve of the traffic it meets (greedy or sampled rows).
+        curve = max(self.target, self.sampled_target, key=lambda c: c.sizes)
+        if curve.sizes < needed or not any(f.n > 0 for f in self.drafts.values()):
             return False
-        return len(self.target.by_size) >= needed or self.warmup_steps >= 2 * len(_WARMUP)
+        return len(curve.by_size) >= needed or self.warmup_steps >= 2 * len(_WARMUP)
 
     def rates(self, rows: int, gain: np.ndarray, drafting: int, lump: float = 0.0, spread: float = 1.0,
               draft_key: str = "") -> list[float]:
@@ -495,10 +540,11 @@ class AdaptiveBudget:
         The draft states' catch-up is priced at its steady size, the tokens the step
         will emit, plus ``lump`` tokens they have fallen behind by, divided by ``spread``.
         A cost group never timed drafts for free until it is: one step times it."""
+        curve = self.curve(draft_key)
         out = []
         for k in range(self.max_tokens + 1):
             emitted = rows + float(gain[:k].sum())
-            cost = self.target.predict(rows + k * drafting)
+            cost = curve.predict(rows + k * drafting)
             if k > 0:
                 steady = drafting + float(gain[:k].sum())
                 cost += self.draft_seconds(draft_key, k, drafting, steady + lump / spread)
@@ -557,7 +603,7 @@ class AdaptiveBudget:
         # Trimmed per request, but never to nothing while the step drafts: a request at
         # 0 shows no new verdicts, so one run of rejections (common at T > 0) would
         # silence it for dozens of steps; one proposal is cheap beside the others' k.
-        bar = self.target.slope(rows, rows + best * n_drafting) * rates[best]
+        bar = self.curve(key).slope(rows, rows + best * n_drafting) * rates[best]
         return self._clamp([max(1, int((g[:best] > bar).sum())) for g in gains], drafting)
 
     def would_draft(self, req_ids: list[str], drafting: list[bool], lengths: list[int] | None = None,
@@ -604,7 +650,7 @@ class AdaptiveBudget:
             edge = self.rates(rows, (np.cumprod(a, axis=1) * seen.reach).sum(0), n_drafting, seen.lump, seen.spread,
                               seen.key)
             promise[k] = edge[k] / rates[best] if k > best else rates[k] / max(edge[best], 1e-12)
-            if whole and not self.target.priced(rows + k * n_drafting):
+            if whole and not self.curve(seen.key).priced(rows + k * n_drafting):
                 promise[k] = max(promise[k], 1.0)  # its price is a guess or stale: only running it tells
         if not promise or max(promise.values()) < 1.0:
             self.exploration.skipped += 1

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vllm_hetero_spec.drafter.sampling import GREEDY_EPS
-from vllm_hetero_spec.policy.budget import AdaptiveBudget, FixedBudget, make_budget
+from vllm_hetero_spec.policy.budget import AdaptiveBudget, FixedBudget, make_budget, sampled_label
 from vllm_hetero_spec.policy.rule_choice import RuleChooser
 from vllm_hetero_spec.policy.step_log import StepLog
 
@@ -41,6 +41,16 @@ class StepPlan:
 def _own(asked: Sequence[str | None], chosen: Sequence[str]) -> list[str]:
     """Each row's rule: the one its request names, else the one ``auto`` chose."""
     return [a or c for a, c in zip(asked, chosen)]
+
+
+def _budget_labels(rules: Sequence[str] | None, temperatures: Sequence[float]) -> list[str] | None:
+    """What the budget learns each row's acceptance and costs under: its rule, marked
+    when the row samples (:func:`~vllm_hetero_spec.policy.budget.sampled_label`);
+    ``None`` for an engine of one rule whose rows are all greedy."""
+    if rules is None and all(t < GREEDY_EPS for t in temperatures):
+        return None
+    rules = rules or [""] * len(temperatures)
+    return [sampled_label(r) if t >= GREEDY_EPS else r for r, t in zip(rules, temperatures)]
 
 
 class StepPolicy:
@@ -109,17 +119,17 @@ class StepPolicy:
         drafting = [n > 0 and cap > 0 for n, cap in zip(sampled, caps)]
         rules = None
         if self.rules is not None:
-            chosen = self.rules.choose(
-                temperatures, lambda rs: self.budget.would_draft(req_ids, drafting, row_lengths, _own(asked, rs), left))
+            chosen = self.rules.choose(temperatures, lambda rs: self.budget.would_draft(
+                req_ids, drafting, row_lengths, _budget_labels(_own(asked, rs), temperatures), left))
             rules = _own(asked, chosen)
-        lengths = self.budget.plan(req_ids, drafting, row_lengths, rules, left)
+        lengths = self.budget.plan(req_ids, drafting, row_lengths, _budget_labels(rules, temperatures), left)
         return StepPlan([min(n, cap) for n, cap in zip(lengths, caps)], rules,
                         None if rules is None else [a is not None for a in asked])
 
     def record(self, plan: StepPlan, req_ids: list[str], sampled: list[int], temperatures: list[float],
                row_lengths: list[int], proposed: list[int], start: float, end: float) -> None:
         """What the step drafted (``proposed``: [rows] proposals) and how long it took."""
-        self.budget.record(req_ids, proposed, end - start, end, row_lengths, plan.rules)
+        self.budget.record(req_ids, proposed, end - start, end, row_lengths, _budget_labels(plan.rules, temperatures))
         if plan.rules is not None:
             self.rules.record(req_ids, temperatures, plan.rules, proposed, plan.asked)
         if self.step_log is not None:
