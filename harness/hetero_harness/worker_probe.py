@@ -135,10 +135,13 @@ class JobProbe:
                 out["exploration"] = dataclasses.asdict(budget.exploration)
                 # Its target curve as it stands: per step size, the price (ms) and whether
                 # steps of its own, recent ones, set it.
-                # The sampled rows' curve apart (their drafting steps verify by rejection sampling).
-                for name, cost in (("target_curve", budget.target), ("sampled_target_curve", budget.sampled_target)):
-                    out[name] = {str(t): [round(1e3 * cost.predict(t), 1), cost.priced(t)]
-                                 for t in sorted({*cost.by_size, *cost.first})}
+                # The sampled rows' curve apart (their drafting steps verify by rejection sampling;
+                # a checkout before 90ac65b, as `defaults.py --before` runs, has none).
+                curves = {"target_curve": budget.target, "sampled_target_curve": getattr(budget, "sampled_target", None)}
+                for name, cost in curves.items():
+                    if cost is not None:
+                        out[name] = {str(t): [round(1e3 * cost.predict(t), 1), cost.priced(t)]
+                                     for t in sorted({*cost.by_size, *cost.first})}
         rules = getattr(policy, "rules", None)
         if rules is not None:
             out["rules_chosen"] = dict(rules.chosen)
