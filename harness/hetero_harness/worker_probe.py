@@ -137,7 +137,8 @@ class JobProbe:
                 # steps of its own, recent ones, set it.
                 # The sampled rows' curve apart (their drafting steps verify by rejection sampling;
                 # a checkout before 90ac65b, as `defaults.py --before` runs, has none).
-                curves = {"target_curve": budget.target, "sampled_target_curve": getattr(budget, "sampled_target", None)}
+                curves = {"target_curve": budget.target,
+                          "sampled_target_curve": getattr(budget, "sampled_target", None)}
                 for name, cost in curves.items():
                     if cost is not None:
                         out[name] = {str(t): [round(1e3 * cost.predict(t), 1), cost.priced(t)]
