@@ -279,6 +279,13 @@ MUTATIONS = [
         ("tests/policy/test_budget.py", "-k", "own_steps"),
     ),
     Mutation(
+        "sampled-on-the-flat-prior", "a sampled rule with few verdicts leans on the flat prior, not its greedy kin",
+        "vllm_hetero_spec/policy/acceptance.py",
+        "            prior = prior if priors is None else priors[j]",
+        "            prior = prior",
+        ("tests/policy/test_budget.py", "tests/policy/test_acceptance.py", "-k", "kin or greedy_estimate"),
+    ),
+    Mutation(
         "blind-catchup", "the draft cost fit takes a first pass over a prompt for the cost of drafting k",
         "vllm_hetero_spec/policy/budget.py",
         "            if k > 0 and lengths is not None:",

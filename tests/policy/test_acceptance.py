@@ -73,3 +73,26 @@ def test_a_request_s_own_counts_fade_by_steps() -> None:
     assert accept.estimate("a")[0] == pytest.approx(accept.estimate()[0], abs=0.05)
     accept.forget("a")
     assert "a" not in accept.per_request
+
+
+def test_a_rule_with_few_verdicts_leans_on_its_kin() -> None:
+    """A sampled rule with no verdicts of its own starts at its greedy kin's estimate per
+    position (not the flat prior, which valued deep positions at 0.5 and made the first
+    sampled steps draft k = 3-4), and moves to its own verdicts as they come; a rule
+    without kin keeps the flat prior."""
+    accept = PositionAcceptance(4, kin=lambda rule: "tli" if rule == "tli@sampled" else None)
+    rng = np.random.default_rng(1)
+    truth = [0.6, 0.4, 0.25, 0.15]
+    for _ in range(200):
+        m = 0
+        while m < 4 and rng.random() < truth[m]:
+            m += 1
+        accept.add_step([("a", "tli", 4, m)])
+    greedy = accept.estimate(rule="tli")
+    np.testing.assert_allclose(accept.estimate(rule="tli@sampled"), greedy)
+    np.testing.assert_allclose(accept.estimate(rule="slem"), [0.5] * 4)
+    for _ in range(200):
+        accept.add_step([("b", "tli@sampled", 4, 1 if rng.random() < 0.5 else 0)])
+    sampled = accept.estimate(rule="tli@sampled")
+    assert sampled[0] == pytest.approx(0.5, abs=0.1)
+    assert sampled[1] < 0.15  # its own rejections at position 2, far below the greedy 0.4

@@ -442,6 +442,30 @@ def test_sampled_rows_are_priced_on_their_own_steps() -> None:
         assert rate >= 0.9 * plain and sum(k > 0 for k in chosen) <= 8, (seed, rate / plain, chosen)
 
 
+def test_a_sampled_rule_starts_from_its_greedy_estimate() -> None:
+    """A rule's sampled rows are learnt under a label of their own; with no verdicts yet
+    that label leans on the same rule's greedy estimate, position by position. On the
+    flat prior (0.5 at every position) a sampled row's first step was planned at k = 3-4
+    where the greedy rows had shown positions 3 and 4 seldom accepted (k = 1-2 pays); now
+    it is planned as the greedy rows would be."""
+    alphas = [np.array([0.6, 0.35, 0.15, 0.1])]
+    assert max(range(5), key=lambda k: fixed_rate(CPU, alphas, k)) <= 2
+    rng = np.random.default_rng(0)
+    policy = AdaptiveBudget(4)
+    simulate(policy, CPU, alphas, 60, prefix="greedy")  # the costs
+    for _ in range(200):  # the greedy rows' verdicts at every position
+        m = 0
+        while m < 4 and rng.random() < alphas[0][m]:
+            m += 1
+        policy.accept.add_step([("greedy0", "", 4, m)])
+    policy.forget("greedy0")
+    greedy = policy.acceptance(None, "")
+    assert greedy[2] < 0.3
+    np.testing.assert_allclose(policy.acceptance("s", sampled_label("")), greedy)
+    np.testing.assert_allclose(policy.acceptance("s", sampled_label("other")), [0.5] * 4)  # no kin with verdicts
+    assert max(policy.plan(["s"], [True], [100], [sampled_label("")])) <= 2
+
+
 def test_a_new_request_with_a_long_prompt_still_drafts_at_batch_1() -> None:
     """The lump of a new request's prompt is spread over the steps that live on it: at
     batch 1, where drafting pays (by 9% here, near the margin, so the policy's noisy

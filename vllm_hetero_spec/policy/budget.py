@@ -105,6 +105,12 @@ def _is_sampled(key: str) -> bool:
     return SAMPLED in key
 
 
+def _greedy_kin(label: str) -> str | None:
+    """The label a sampled row's rule leans on while its own verdicts are few: the same
+    rule drafting greedily (:class:`PositionAcceptance`'s ``kin``)."""
+    return label.removesuffix(SAMPLED) if _is_sampled(label) else None
+
+
 def _cost_group(key: str, forward_rules: frozenset[str]) -> str:
     """The fit a set of rules drafting together is priced by: ``"forwards"`` when every
     rule drafts by the drafter's forwards alone, one per draft token, so a token costs
@@ -400,7 +406,8 @@ class AdaptiveBudget:
         self.explore_memory = explore_memory
         self.warmup_catchup = warmup_catchup
         self.accept = PositionAcceptance(max_tokens, memory=accept_memory, stale_memory=stale_memory,
-                                         request_weight=request_weight, prior=prior_accept, optimism=optimism)
+                                         request_weight=request_weight, prior=prior_accept, optimism=optimism,
+                                         kin=_greedy_kin)
         self.exploration = Exploration()
         self.target = TargetCost(cost_memory)  # plain steps, and drafting steps of greedy rows only
         self.sampled_target = TargetCost(cost_memory)  # plain steps, and drafting steps with a sampled row
