@@ -8,6 +8,14 @@ import pytest
 from vllm_hetero_spec.policy.acceptance import PositionAcceptance
 
 
+def accepted_of(rng: np.random.Generator, truth: list[float] | np.ndarray, k: int) -> int:
+    """How many of k proposals a target accepts, drawn from conditional acceptance ``truth``."""
+    m = 0
+    while m < k and rng.random() < truth[m]:
+        m += 1
+    return m
+
+
 def test_a_verdict_shows_the_positions_judged() -> None:
     """k = 4 with 2 accepted: two acceptances and one rejection; the 4th was never judged."""
     accept = PositionAcceptance(4, memory=1.0, stale_memory=1.0)
@@ -27,10 +35,7 @@ def test_a_position_not_drafted_keeps_what_it_learnt() -> None:
     rng = np.random.default_rng(0)
     truth = [0.7, 0.7, 0.2, 0.2]
     for _ in range(60):
-        m = 0
-        while m < 4 and rng.random() < truth[m]:
-            m += 1
-        accept.add_step([("a", "", 4, m)])
+        accept.add_step([("a", "", 4, accepted_of(rng, truth, 4))])
     judged = accept.estimate()[2]
     assert judged < 0.35
     for _ in range(150):
@@ -84,10 +89,7 @@ def test_a_rule_with_few_verdicts_leans_on_its_kin() -> None:
     rng = np.random.default_rng(1)
     truth = [0.6, 0.4, 0.25, 0.15]
     for _ in range(200):
-        m = 0
-        while m < 4 and rng.random() < truth[m]:
-            m += 1
-        accept.add_step([("a", "tli", 4, m)])
+        accept.add_step([("a", "tli", 4, accepted_of(rng, truth, 4))])
     greedy = accept.estimate(rule="tli")
     np.testing.assert_allclose(accept.estimate(rule="tli@sampled"), greedy)
     np.testing.assert_allclose(accept.estimate(rule="slem"), [0.5] * 4)
