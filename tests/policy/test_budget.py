@@ -67,6 +67,14 @@ def fixed_rate(machine: Machine, alphas: list[np.ndarray], k: int, sampled: bool
 PROMPT = 100
 
 
+def accepted_of(rng: np.random.Generator, alpha: np.ndarray, k: int) -> int:
+    """How many of k proposals the target accepts, drawn from conditional acceptance ``alpha``."""
+    n = 0
+    while n < k and rng.random() < alpha[n]:
+        n += 1
+    return n
+
+
 def simulate(policy, machine: Machine, alphas: list[np.ndarray], steps: int, seed: int = 0,
              noise: float = 0.03, prefix: str = "r", prompt: int = PROMPT,
              sampled: bool = False) -> tuple[float, list[int]]:
@@ -94,9 +102,7 @@ def simulate(policy, machine: Machine, alphas: list[np.ndarray], steps: int, see
         clock += draft + target
         emitted = []
         for r, a, k in zip(req_ids, alphas, ks):
-            n = 0
-            while n < k and rng.random() < a[n]:
-                n += 1
+            n = accepted_of(rng, a, k)
             emitted.append(n + 1)
             lengths[r] += n + 1
         tokens += sum(emitted)
@@ -454,10 +460,7 @@ def test_a_sampled_rule_starts_from_its_greedy_estimate() -> None:
     policy = AdaptiveBudget(4)
     simulate(policy, CPU, alphas, 60, prefix="greedy")  # the costs
     for _ in range(200):  # the greedy rows' verdicts at every position
-        m = 0
-        while m < 4 and rng.random() < alphas[0][m]:
-            m += 1
-        policy.accept.add_step([("greedy0", "", 4, m)])
+        policy.accept.add_step([("greedy0", "", 4, accepted_of(rng, alphas[0], 4))])
     policy.forget("greedy0")
     greedy = policy.acceptance(None, "")
     assert greedy[2] < 0.3
