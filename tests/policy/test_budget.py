@@ -488,6 +488,32 @@ def test_a_new_request_with_a_long_prompt_still_drafts_at_batch_1() -> None:
     assert drafted_at_once(16.0) >= 10 > 2 >= drafted_at_once(1.0)
 
 
+def test_a_catch_up_is_spread_over_the_replies_still_to_come() -> None:
+    """Batch jobs of 8 long replies where k = 1 pays a few percent and reading a prompt
+    costs the drafter dearly: spread over 16 steps, a fresh batch's 800 prompt tokens
+    outweighed the gain, each step at k = 0 put every row a token further behind, and
+    the batch never drafted. Spread over what the replies that ended show is still to
+    come (hundreds of tokens), it drafts, and gains."""
+    machine = Machine(target_a=0.5, target_b=0.01, draft_a=0.005, draft_b=0.02, draft_row=0.002, ingest=0.004)
+    alphas = [ALPHA * 0.8] * 8
+    plain = fixed_rate(machine, alphas, 0)
+    assert fixed_rate(machine, alphas, 1) > 1.05 * plain
+
+    def last_job(learnt: bool, seed: int) -> float:
+        policy = AdaptiveBudget(4)
+        if not learnt:
+            policy.replies.least = 10**9
+        for job in range(3):
+            rate, _ = simulate(policy, machine, alphas, 150, seed=10 * seed + job, prefix=f"job{job}-")
+            for i in range(8):
+                policy.forget(f"job{job}-{i}")
+        return rate / plain
+
+    fixed = [last_job(False, seed) for seed in range(4)]
+    learnt = [last_job(True, seed) for seed in range(4)]
+    assert np.median(learnt) > 1.02 and np.median(learnt) > np.median(fixed) + 0.01, (fixed, learnt)
+
+
 def test_a_request_about_to_end_starts_no_catch_up() -> None:
     """The same fresh request with a 500-token prompt, where drafting pays at batch 1:
     with 200 tokens to go it mostly drafts at once (its lump spread over 16 steps); with

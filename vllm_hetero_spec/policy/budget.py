@@ -19,7 +19,8 @@ A sampled row's rule is learnt under its own label (:func:`sampled_label`): its 
 and costs are not those of the same rule drafting greedily.
 
 A draft state that has fallen behind (a new request, or one idle a while) must first read what
-it missed, a lump the following steps live on, so k prices it spread over ``horizon`` steps.
+it missed, a lump the following steps live on, so k prices it spread over the steps the request
+can be expected to run still, from the replies that ended (``horizon`` steps until some have).
 Per request, a proposal past the first is kept only while its P_r(j) exceeds the tokens the
 step's rate buys in the time one more verified token costs; and a k > 0 must beat k = 0 by
 ``margin``. Exploration: the first steps try k = 1, 0, 2, twice, then every ``explore_every`` steps
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_hetero_spec.policy.acceptance import PositionAcceptance
+from vllm_hetero_spec.policy.reply_length import ReplyLengths
 from vllm_hetero_spec.policy.step_log import is_steady
 
 # k for the engine's first steps: small, because a long draft verified at a large batch
@@ -357,6 +359,17 @@ class _Step:
     end: float
 
 
+def _steps_to_go(left: int | None, to_go: float | None, accepted: float, horizon: float) -> float:
+    """The steps a row's catch-up is spread over: the tokens it can be expected to emit
+    still (``to_go``, learnt; ``horizon`` steps where unknown), at most ``left``, over the
+    ``1 + accepted`` tokens a step at k = 1 gives it; one at least."""
+    if to_go is None:
+        steps = horizon if left is None else min(horizon, left / (1.0 + accepted))
+    else:
+        steps = min(to_go, float("inf") if left is None else left) / (1.0 + accepted)
+    return max(steps, 1.0)
+
+
 def _draft_key(rules: list[str] | None, drafting: list[bool]) -> str:
     """The set of rules the drafting rows use, as a key (``""`` without ``auto``)."""
     if not rules:
@@ -417,6 +430,7 @@ class AdaptiveBudget:
         # + c3 catch-up tokens (see record)
         self.drafts: dict[str, DraftCost] = {}
         self.synced: dict[str, int] = {}  # per request: its length when it last drafted
+        self.replies = ReplyLengths()  # how far requests in flight can be expected to go
         self.buckets: dict[int, _Bucket] = {}
         self.warmup_steps = 0
         self.chosen = Counter()  # steps per chosen k (the step's largest)
@@ -432,6 +446,7 @@ class AdaptiveBudget:
     def observe(self, now: float, req_ids: list[str], sampled: list[int]) -> None:
         """Learn from the step that just ran: ``sampled[i]`` tokens came out for row
         ``req_ids[i]`` (accepted drafts + 1; 0 while it is still prefilling)."""
+        self.replies.add(req_ids, sampled)
         last, self._last = self._last, None
         if last is None:
             return
@@ -482,6 +497,7 @@ class AdaptiveBudget:
         """A finished, aborted or preempted request."""
         self.accept.forget(req_id)
         self.synced.pop(req_id, None)
+        self.replies.end(req_id)
 
     def _behind(self, req_id: str, length: int) -> int:
         """The tokens a request's draft state has to read before it can draft: its
@@ -669,10 +685,14 @@ class AdaptiveBudget:
         """What each k is expected to give this step (:class:`_Expected`).
 
         A row with ``left`` tokens to go earns nothing from a draft past its ``left - 1``-th
-        (the request ends there, whatever is accepted), and repays its catch-up over at
-        most ``left`` steps rather than ``horizon``: at the tail of a batch, the requests
-        that finish last fall below the batch size a schedule keeps from drafting, and
-        priced over ``horizon`` steps their whole contexts' catch-up looked affordable."""
+        (the request ends there, whatever is accepted). It repays its catch-up over the
+        steps it can be expected to run still: the tokens the ended replies longer than
+        its output went on for (:class:`ReplyLengths`; ``horizon`` steps until enough have
+        ended), at most ``left``, at the tokens a step at k = 1 gives it. At the tail of a
+        batch, the requests that finish last fall below the batch size a schedule keeps
+        from drafting, and priced over ``horizon`` steps their whole contexts' catch-up
+        looked affordable; over a reply of hundreds of tokens, ``horizon`` steps made a
+        batch of 8 that had stayed at k = 0 a while never start again where k = 1 paid."""
         rows = len(req_ids)
         rules = rules or [""] * rows
         left = left or [None] * rows
@@ -687,7 +707,8 @@ class AdaptiveBudget:
         behind = [0.0 if lengths is None or not d else float(max(self._behind(r, n) - 1, 0))
                   for r, n, d in zip(req_ids, lengths or [0] * rows, drafting)]
         lump = sum(behind)
-        steps = [self.horizon if n is None else min(self.horizon, max(n, 1)) for n in left]
+        to_go = self.replies.to_go(req_ids)
+        steps = [_steps_to_go(n, t, g, self.horizon) for n, t, g in zip(left, to_go, gains[:, 0])]
         per_step = sum(b / s for b, s in zip(behind, steps))
         spread = lump / per_step if per_step > 0 else self.horizon
         key = _draft_key(rules, drafting)
