@@ -286,6 +286,13 @@ MUTATIONS = [
         ("tests/policy/test_budget.py", "tests/policy/test_acceptance.py", "-k", "kin or greedy_estimate"),
     ),
     Mutation(
+        "untimed-rules-for-free", "a set of rules never timed drafts for free beside timed ones of its kind",
+        "vllm_hetero_spec/policy/budget.py",
+        "        return max(float(np.mean(kin)), 0.0) if kin else 0.0",
+        "        return 0.0",
+        ("tests/policy/test_budget.py", "-k", "never_timed"),
+    ),
+    Mutation(
         "blind-catchup", "the draft cost fit takes a first pass over a prompt for the cost of drafting k",
         "vllm_hetero_spec/policy/budget.py",
         "            if k > 0 and lengths is not None:",

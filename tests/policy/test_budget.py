@@ -550,6 +550,22 @@ def test_drafting_cost_is_fitted_per_set_of_rules() -> None:
     assert set(policy.drafts) == {"forwards", "slrs"}
 
 
+def test_a_set_of_rules_never_timed_is_priced_as_its_kind() -> None:
+    """A sampled batch under auto moves between tli, slrs and their mix, each a cost
+    group of its own: one not yet timed is priced at the sampled groups' cost, not at
+    the greedy groups' and not for free; with no group of its kind timed, at 0."""
+    policy = AdaptiveBudget(4, forward_rules=forward_only_rules())
+    assert policy.draft_seconds("tli", 2, 1, 1) == 0.0
+    now = 0.0
+    for step in range(40):
+        rule, cost = ("tli", 0.05) if step % 2 else (sampled_label("tli"), 0.3)
+        policy.record(["a"], [2], cost, now, lengths=[100 + step], rules=[rule])
+        now += 0.2
+        policy.observe(now, ["a"], [2])
+    assert policy.draft_seconds(sampled_label("slrs"), 2, 1, 1) == pytest.approx(0.3, abs=0.05)
+    assert policy.draft_seconds("slrs", 2, 1, 1) == pytest.approx(0.05, abs=0.02)
+
+
 def test_rules_drafting_by_forwards_share_the_cost_of_a_token() -> None:
     """auto at batch 1: slem drafts k = 1 nearly every step, tli is seen at k = 1..3.
     Alone, slem's steps cannot tell a token's cost from the fixed cost; pooled with tli's

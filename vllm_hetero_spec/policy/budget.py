@@ -513,10 +513,21 @@ class AdaptiveBudget:
 
     def draft_seconds(self, key: str, k: int, drafting: int, catchup: float) -> float:
         """Expected proposer seconds for ``drafting`` rows of the rules ``key`` drafting k
-        tokens with ``catchup`` tokens to read; 0 for a cost group never timed (one step
-        times it)."""
+        tokens with ``catchup`` tokens to read.
+
+        A cost group never timed is priced at the mean of the timed groups of its kind
+        (sampled or greedy), and at 0 where none is (one step times it). ``auto`` moves a
+        sampled batch between tli, slrs and their mix, each a group of its own, and a
+        sampled draft token costs several times a greedy one (its q row): priced at 0, each
+        new set looked free and was drafted at k = 1 where every timed one had shown k = 0
+        pays more."""
+        x = [k, k * drafting, catchup]
         cost = self._draft_cost(key)
-        return max(cost.predict(key, [k, k * drafting, catchup]), 0.0) if cost.n > 0 else 0.0
+        if cost.n > 0:
+            return max(cost.predict(key, x), 0.0)
+        kin = [fit.predict(fit.keys[0], x) for group, fit in self.drafts.items()
+               if fit.n > 0 and _is_sampled(group) == _is_sampled(key)]
+        return max(float(np.mean(kin)), 0.0) if kin else 0.0
 
     def curve(self, key: str) -> TargetCost:
         """The target's step curve a step drafting with the rules ``key`` is priced on.
@@ -562,7 +573,7 @@ class AdaptiveBudget:
         rows of P_r(j + 1), ``drafting`` rows draft (with the rules ``draft_key`` names).
         The draft states' catch-up is priced at its steady size, the tokens the step
         will emit, plus ``lump`` tokens they have fallen behind by, divided by ``spread``.
-        A cost group never timed drafts for free until it is: one step times it."""
+        A cost group never timed is priced as its kind's timed groups (:meth:`draft_seconds`)."""
         curve = self.curve(draft_key)
         out = []
         for k in range(self.max_tokens + 1):
