@@ -519,8 +519,7 @@ class AdaptiveBudget:
         (sampled or greedy), and at 0 where none is (one step times it). ``auto`` moves a
         sampled batch between tli, slrs and their mix, each a group of its own, and a
         sampled draft token costs several times a greedy one (its q row): priced at 0, each
-        new set looked free and was drafted at k = 1 where every timed one had shown k = 0
-        pays more."""
+        new set looked free for its first step, whatever the timed ones had shown."""
         x = [k, k * drafting, catchup]
         cost = self._draft_cost(key)
         if cost.n > 0:
