@@ -5,15 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from _acceptance_draws import accepted_of
 from vllm_hetero_spec.policy.acceptance import PositionAcceptance
-
-
-def accepted_of(rng: np.random.Generator, truth: list[float] | np.ndarray, k: int) -> int:
-    """How many of k proposals a target accepts, drawn from conditional acceptance ``truth``."""
-    m = 0
-    while m < k and rng.random() < truth[m]:
-        m += 1
-    return m
 
 
 def test_a_verdict_shows_the_positions_judged() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from _acceptance_draws import accepted_of
 from vllm_hetero_spec.drafter.rules.registry import forward_only_rules
 from vllm_hetero_spec.policy.budget import (AdaptiveBudget, FixedBudget, LinearFit, TargetCost, make_budget,
                                             sampled_label)
@@ -65,14 +66,6 @@ def fixed_rate(machine: Machine, alphas: list[np.ndarray], k: int, sampled: bool
 
 
 PROMPT = 100
-
-
-def accepted_of(rng: np.random.Generator, alpha: np.ndarray, k: int) -> int:
-    """How many of k proposals the target accepts, drawn from conditional acceptance ``alpha``."""
-    n = 0
-    while n < k and rng.random() < alpha[n]:
-        n += 1
-    return n
 
 
 def simulate(policy, machine: Machine, alphas: list[np.ndarray], steps: int, seed: int = 0,
