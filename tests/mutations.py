@@ -286,6 +286,13 @@ MUTATIONS = [
         ("tests/policy/test_budget.py", "tests/policy/test_acceptance.py", "-k", "kin or greedy_estimate"),
     ),
     Mutation(
+        "acceptance-cached-across-steps", "the overall acceptance estimate is kept past the step that read it",
+        "vllm_hetero_spec/policy/acceptance.py",
+        "        self._overall_estimates.clear()\n",
+        "",
+        ("tests/policy/test_acceptance.py", "-k", "once_per_step"),
+    ),
+    Mutation(
         "untimed-rules-for-free", "a set of rules never timed drafts for free beside timed ones of its kind",
         "vllm_hetero_spec/policy/budget.py",
         "        return max(float(np.mean(kin)), 0.0) if kin else 0.0",

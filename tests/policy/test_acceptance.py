@@ -20,6 +20,20 @@ def test_a_verdict_shows_the_positions_judged() -> None:
     np.testing.assert_allclose(accept.overall[""][0], [2, 2, 0, 0])
 
 
+def test_an_estimate_is_read_once_per_step_and_follows_each_step() -> None:
+    """Every row of a plan reads the overall estimate, so it is computed once a step; a
+    step's verdicts must move it (a sampled rule's through its greedy kin too), and no
+    reader may change the copy the others share."""
+    accept = PositionAcceptance(2, memory=1.0, stale_memory=1.0, kin=lambda rule: "g" if rule == "s" else None)
+    accept.add_step([("a", "g", 1, 0)])
+    greedy, sampled = accept.estimate(rule="g"), accept.estimate(rule="s")
+    assert accept.estimate(rule="g") is greedy
+    with pytest.raises(ValueError):
+        greedy[0] = 1.0
+    accept.add_step([("a", "g", 1, 1), ("a", "g", 1, 1)])
+    assert accept.estimate(rule="g")[0] > greedy[0] and accept.estimate(rule="s")[0] > sampled[0]
+
+
 def test_a_position_not_drafted_keeps_what_it_learnt() -> None:
     """Position 3 was judged poor; the budget then drafts 2 for 150 steps. Its estimate
     must stay poor: aged per step, it had drifted back to the optimistic prior within a

@@ -58,10 +58,13 @@ class PositionAcceptance:
         self.overall: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         # per request, per rule: (accepted, tried, the step they were last decayed to)
         self.per_request: dict[str, dict[str, tuple[np.ndarray, np.ndarray, int]]] = {}
+        # per rule: its overall estimate as of ``self.step`` (every row of a plan reads it)
+        self._overall_estimates: dict[str, np.ndarray] = {}
 
     def add_step(self, verdicts: Iterable[tuple[str, str, int, int]]) -> None:
         """One step's verdicts: (request, rule, proposals k, accepted m) per drafting row."""
         self.step += 1
+        self._overall_estimates.clear()
         for acc, tri in self.overall.values():
             acc *= self.stale_memory
             tri *= self.stale_memory
@@ -85,19 +88,31 @@ class PositionAcceptance:
         """a_j per position, overall or for one request. ``side`` +1 or -1: its upper or
         lower bound, ``optimism`` standard errors away, wide where verdicts are few or
         stale (a request's own counts the evidence, with its ``request_weight``)."""
+        overall = self._overall_estimate(rule)
+        if req_id is None or rule not in self.per_request.get(req_id, {}):
+            tried = self.overall[rule][1] if rule in self.overall else np.zeros(self.positions)
+            return self._bound(overall, tried + self.prior_weight, side)
+        acc, tri = self._request_counts(req_id, rule)
+        own = (acc + self.request_weight * overall) / (tri + self.request_weight)
+        return self._bound(own, tri + self.request_weight, side)
+
+    def _overall_estimate(self, rule: str) -> np.ndarray:
+        """a_j per position over every request under ``rule``, each shrunk towards its
+        prior (the position before, or ``kin``'s estimate there); computed once per step,
+        as every row of a plan asks for it and the counts move only in :meth:`add_step`."""
+        if rule in self._overall_estimates:
+            return self._overall_estimates[rule]
         accepted, tried = self.overall.get(rule, (np.zeros(self.positions), np.zeros(self.positions)))
         kin = self.kin(rule)
-        priors = self.estimate(rule=kin) if kin is not None and kin in self.overall else None
+        priors = self._overall_estimate(kin) if kin is not None and kin in self.overall else None
         overall = np.empty(self.positions)
         prior = self.prior
         for j in range(self.positions):
             prior = prior if priors is None else priors[j]
             overall[j] = prior = (accepted[j] + self.prior_weight * prior) / (tried[j] + self.prior_weight)
-        if req_id is None or rule not in self.per_request.get(req_id, {}):
-            return self._bound(overall, tried + self.prior_weight, side)
-        acc, tri = self._request_counts(req_id, rule)
-        own = (acc + self.request_weight * overall) / (tri + self.request_weight)
-        return self._bound(own, tri + self.request_weight, side)
+        overall.flags.writeable = False  # shared by every caller this step
+        self._overall_estimates[rule] = overall
+        return overall
 
     def _bound(self, p: np.ndarray, n: np.ndarray, side: int) -> np.ndarray:
         """``p`` moved ``side`` x ``optimism`` standard errors of a rate seen ``n`` times."""

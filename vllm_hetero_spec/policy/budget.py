@@ -648,8 +648,8 @@ class AdaptiveBudget:
             return any(drafting)
         return self._best(self._expected(req_ids, drafting, lengths, rules, left).rates)[0] > 0
 
-    def _probe(self, req_ids: list[str], rules: list[str] | None, seen: _Expected, best: int,
-               whole: bool = True) -> int | None:
+    def _probe(self, req_ids: list[str], rules: list[str] | None, seen: _Expected, best: int, *,
+               whole: bool) -> int | None:
         """The length worth a probe, or ``None`` when none could beat ``best``.
 
         Each other length is judged at the edge of what is known of the positions where
