@@ -31,6 +31,8 @@ import functools
 import json
 import time
 
+import matrix
+from config_names import BUILTIN, RULES, by_configuration
 from report import appended_meta, figure, fmt, median, range_cell, read_result, runs_cell, spread, table, write_report
 from report import meta as run_meta
 
@@ -39,8 +41,6 @@ from hetero_harness.models import MODELS, ensure_model
 from hetero_harness.prompts import MAX_CHARS, chat_prompts, held_out_questions
 
 NAME = "defaults"
-RULES = ("slem", "tli", "slrs", "dtw", "union")
-BUILTIN = "vllm built-in TLI"
 
 
 SYNC_PLAIN = "plain, no async scheduling"
@@ -265,8 +265,6 @@ def main() -> None:
     plot(runs, args.name)
     print(to_markdown(runs, meta))
     if args.store:
-        import matrix  # imports this module's names; here only, so the two do not import each other at load
-
         print(matrix.add_and_build([args.name]))
 
 
@@ -307,14 +305,6 @@ def record(result: dict, target: str, phase: dict, name: str, rep: int, wall_s: 
 def write(runs: list[dict], meta: dict, name: str) -> None:
     """The JSON and the table so far, after every run (a failed one too)."""
     write_report(name, {"meta": meta, "runs": runs}, to_markdown(runs, meta))
-
-
-def by_configuration(runs: list[dict]) -> dict[tuple, list[dict]]:
-    """The runs of each (target, batch size, temperature, configuration), in first-seen order."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in runs:
-        groups.setdefault((r["target"], r["batch_size"], r["temperature"], r["config"]), []).append(r)
-    return groups
 
 
 def summarize(runs: list[dict]) -> list[dict]:

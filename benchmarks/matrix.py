@@ -24,7 +24,7 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-from defaults import BUILTIN, RULES, by_configuration
+from config_names import BUILTIN, RULES, by_configuration
 from report import ROOT, fmt, median, ratio_cell, read_result, results_dir, table, write_report
 
 STORE = "defaults_matrix_store"

@@ -237,17 +237,17 @@ MUTATIONS = [
     ),
     Mutation(
         "stale-price-kept", "a size back after a long gap keeps its old price",
-        "vllm_hetero_spec/policy/budget.py",
+        "vllm_hetero_spec/policy/step_costs.py",
         "        if mean is not None and stale:",
         "        if False:",
-        ("tests/policy/test_budget.py", "-k", "overpriced"),
+        ("tests/policy/test_step_costs.py", "-k", "overpriced"),
     ),
     Mutation(
         "rising-prices", "the target's curve is forced to rise, pricing a cheap longer size above its cost",
-        "vllm_hetero_spec/policy/budget.py",
+        "vllm_hetero_spec/policy/step_costs.py",
         "            values = fit if standing_in else np.array([known[t] for t in sizes])",
         "            values = fit",
-        ("tests/policy/test_budget.py",),
+        ("tests/policy/test_budget.py", "tests/policy/test_step_costs.py"),
     ),
     Mutation(
         "one-allowance", "a batch size's probes spend the fullest allowance, whichever batch size earned it",

@@ -16,8 +16,7 @@ import pytest
 
 from _acceptance_draws import accepted_of
 from vllm_hetero_spec.drafter.rules.registry import forward_only_rules
-from vllm_hetero_spec.policy.budget import (AdaptiveBudget, FixedBudget, LinearFit, TargetCost, make_budget,
-                                            sampled_label)
+from vllm_hetero_spec.policy.budget import AdaptiveBudget, FixedBudget, make_budget, sampled_label
 
 
 @dataclass
@@ -290,17 +289,6 @@ def test_acceptance_is_kept_per_rule() -> None:
     assert "a" not in policy.accept.per_request
 
 
-def test_linear_fit_recovers_a_line_and_forgets() -> None:
-    fit = LinearFit(memory=0.8)
-    for x in (2, 5, 9, 2, 5, 9):
-        fit.add(x, 1.0 + 0.5 * x)
-    np.testing.assert_allclose(fit.coef, [1.0, 0.5], atol=1e-3)
-    for _ in range(60):
-        fit.add(3, 10.0)
-        fit.add(7, 12.0)
-    np.testing.assert_allclose(fit.coef, [8.5, 0.5], atol=1e-2)
-
-
 def test_fixed_always_drafts_the_maximum() -> None:
     policy = make_budget("fixed", 5)
     assert isinstance(policy, FixedBudget)
@@ -352,28 +340,6 @@ def test_the_draft_states_catch_up_is_not_a_cost_of_k() -> None:
         true = CPU.draft_a + k * (CPU.draft_b + CPU.draft_row * 4)
         fitted = policy.draft_seconds("", k, 4, 0)
         assert abs(fitted - true) < 0.15 * true, (k, fitted, true)
-
-
-def test_target_cost_curve() -> None:
-    """Measured sizes as measured, a dip included (a CPU's curve need not rise); between
-    sizes interpolated; beyond them rising at least as steeply as the secant from the
-    smallest size on the curve's rising fit; below them flat. During the warm-up, first
-    steps (which may carry one-time costs) stand in, fitted to rise."""
-    cost = TargetCost(memory=0.5)
-    cost.add(2, 0.29 + 0.5)
-    cost.add(3, 0.24 + 0.5)
-    assert cost.predict(2) == cost.predict(3) == pytest.approx(0.765)  # first steps, pooled
-    for tokens, seconds in [(1, 0.22), (2, 0.29), (3, 0.24), (8, 0.30), (16, 0.37)]:
-        if tokens not in (2, 3):
-            cost.add(tokens, seconds + 0.5)  # a first step's one-time cost: not priced
-        cost.add(tokens, seconds)
-    assert cost.predict(1) == pytest.approx(0.22) and cost.predict(16) == pytest.approx(0.37)
-    assert cost.predict(2) == pytest.approx(0.29) and cost.predict(3) == pytest.approx(0.24)
-    assert cost.predict(2.5) == pytest.approx(0.265) and cost.predict(12) == pytest.approx(0.335)
-    secant = (0.37 - 0.22) / 15
-    assert cost.predict(32) >= 0.37 + secant * 16 - 1e-9
-    assert cost.predict(0.5) == pytest.approx(0.22)
-    assert cost.slope(8, 16) == pytest.approx(0.07 / 8) and cost.slope(2, 3) == 0.0
 
 
 def test_new_requests_at_a_large_batch_do_not_pay_for_a_probe() -> None:
@@ -598,36 +564,6 @@ def test_would_draft_answers_as_plan_does_and_changes_nothing() -> None:
     assert FixedBudget(4).would_draft(["a"], [True]) and not FixedBudget(4).would_draft(["a"], [False])
 
 
-def test_a_size_not_run_follows_the_machine() -> None:
-    """The machine slows by 20% while the policy runs only 2-token steps: the price of a
-    plain step follows (one level for every size), instead of keeping the price of the
-    moment it was last run -- a stale price let the budget draft on the 0.5B target at
-    T = 1 where drafting lost."""
-    cost = TargetCost(memory=0.9)
-    for _ in range(40):
-        cost.add(1, 0.160)
-        cost.add(2, 0.180)
-    for _ in range(40):
-        cost.add(2, 0.180 * 1.2)
-    assert cost.predict(2) == pytest.approx(0.180 * 1.2, rel=0.02)
-    assert cost.predict(1) > 0.160 * 1.15  # most of the drift (a mean per size alone: none)
-
-
-def test_one_noisy_step_moves_every_size_alike() -> None:
-    """A slow step moves the level, which prices every size alike, so it cannot make one
-    size look cheap next to another; the sizes' own costs average many steps."""
-    cost = TargetCost(memory=0.9)
-    for _ in range(40):
-        cost.add(1, 0.160)
-        cost.add(2, 0.180)
-    before = cost.predict(2) / cost.predict(1)
-    cost.add(1, 0.240)
-    assert cost.predict(1) > 0.160
-    # The ratio moves 1.3% (the size's own mean takes its small share); with a mean per
-    # size alone (memory 0.9) it moved 5%, enough to flip a choice inside the 3% margin.
-    assert cost.predict(2) / cost.predict(1) == pytest.approx(before, rel=0.02)
-
-
 # The issue-71 regime, shaped like the 1.5B target at batch 1: conditional acceptance
 # about 0.65 at every position (0.62 0.43 0.27 0.19 cumulative, measured), a draft token
 # 45 ms against a 250 ms plain step; k = 1 and 2 pay 23-26%, k = 3 and 4 less.
@@ -687,22 +623,6 @@ def test_a_falling_curve_finds_the_long_k_it_pays_for() -> None:
     assert max(fixed, key=fixed.get) == 4 and fixed[2] < 0.9 * fixed[4]
     rates = [rate(lambda: AdaptiveBudget(4), seed) for seed in range(12)]
     assert np.mean(rates) >= 0.975 * fixed[4], np.mean(rates) / fixed[4]
-
-
-def test_an_overpriced_size_is_priced_again() -> None:
-    """The plain step's first steps ran during a slow patch (twice its cost). The policy
-    then never runs k = 0, so that price would last for ever: after ``stale_after``
-    steps the size counts as unpriced (worth a probe), and its next step sets it to the
-    lower of the two."""
-    cost = TargetCost(memory=0.9, stale_after=50)
-    cost.add(1, 0.5)
-    cost.add(1, 0.5)
-    for _ in range(60):
-        cost.add(3, 0.30)
-    assert not cost.priced(1) and cost.priced(3)
-    assert cost.predict(1) > 0.35  # still at its old price
-    cost.add(1, 0.25)
-    assert cost.priced(1) and cost.predict(1) == pytest.approx(0.25, rel=0.05)
 
 
 def test_the_step_policy_labels_sampled_rows_for_the_budget() -> None:
