@@ -29,6 +29,11 @@ to k = 0) are one configuration run in several engines, so they count as one opt
 speedup the median over all their rounds: the fastest of several engines doing the same
 work is their noise, not an option.
 
+A run records the dtype its engines ran the target in (``--dtype auto`` is float32 on a
+CPU without native bf16, bf16 on one with it, and a step's prices differ between them):
+``--engines`` reads an earlier run's engines only where it ran the same dtype, and
+``--reuse-advise`` refuses advise's result measured in another.
+
     .venv/bin/python benchmarks/advise_check.py                       # every target
     .venv/bin/python benchmarks/advise_check.py --targets qwen2.5-coder-1.5b
     .venv/bin/python benchmarks/advise_check.py --targets qwen2.5-coder-1.5b --reuse-advise  # the check only
@@ -99,22 +104,36 @@ def reused_advise(target: str, args: argparse.Namespace, folder: Path) -> dict[s
                  if kept.get(key) != value}
     if differing:
         raise SystemExit(f"--reuse-advise: {path} was written with other settings (kept, wanted): {differing}")
+    here = target_dtype(advised)
+    if advised.get("target_dtype", here) != here:
+        raise SystemExit(f"--reuse-advise: {path} measured the target in {advised['target_dtype']}, and this machine "
+                         f"runs it in {here}: its projections are not this machine's; run the check without "
+                         "--reuse-advise")
     from vllm_hetero_spec.advise.cli import reanalyse
 
     return reanalyse(folder, str(folder / "config.json"))
+
+
+def target_dtype(advised: dict[str, Any]) -> str:
+    """The dtype this machine's engines run the target in, for advise's settings: a
+    speedup measured in bf16 and one in float32 are not one option's (a CPU without
+    native bf16 runs the target in float32, and its step prices differ)."""
+    from vllm_hetero_spec.advise.cli import engine_dtype
+
+    return engine_dtype(advised["args"]["dtype"])
 
 
 def check_jobs(target: str, advised: dict[str, Any], prompts: list, args: argparse.Namespace,
                served: list | None = None) -> list[tuple[str, dict[str, Any]]]:
     """The engines of the held-out measurement, in order, each with its runs (pins) and
     the ``served`` prompts it serves, untimed, before them."""
-    from vllm_hetero_spec.advise.cli import engine_dtype, resolve_model
+    from vllm_hetero_spec.advise.cli import resolve_model
     from vllm_hetero_spec.advise.session import base_job
 
     rounds = list(range(args.rounds))
     settings = sorted({(o["temperature"], o["batch"], n) for o in advised["options"] for n in args.check_lengths})
     ran = advised["args"]  # the engines as advise ran them
-    base = base_job(str(resolve_model("--target", target).folder), prompts, dtype=engine_dtype(ran["dtype"]),
+    base = base_job(str(resolve_model("--target", target).folder), prompts, dtype=target_dtype(advised),
                     max_model_len=ran["max_model_len"], seed=ran["seed"], max_tokens=max(args.check_lengths),
                     k=args.k, batch_sizes=sorted({b for _, b, _ in settings}),
                     temperatures=sorted({t for t, _, _ in settings}),
@@ -288,7 +307,7 @@ def main() -> None:
             if unknown:
                 raise SystemExit(f"--engines {sorted(unknown)}: not engines of this check: {[x for x, _ in jobs]}")
             kept = {label for label, _ in jobs if label not in args.engines and not label.startswith("plain")}
-            earlier = earlier_runs(results["targets"].get(target), kept)
+            earlier = earlier_runs(results["targets"].get(target), kept, target_dtype(advised))
             jobs = [(label, job) for label, job in jobs if label.startswith("plain") or label in args.engines]
         log = Path(f"/tmp/advise_check_{target}.log")
         log.write_text("")
@@ -300,23 +319,28 @@ def main() -> None:
                 # `--engines` resumes it with the engines it lacks.
                 rows, rec_rows, missing = verdicts(advised, [measured, *[run["measured"] for run in earlier]],
                                                    args.check_lengths)
-                this_run = {"meta": meta(args), "order": list(measured), "measured": slim(measured)}
+                this_run = {"meta": meta(args, target_dtype=target_dtype(advised)), "order": list(measured),
+                            "measured": slim(measured)}
                 results["targets"][target] = {**this_run, "rows": rows, "recommended": rec_rows,
                                               "not_measured": missing, "recommendation": advised["recommendation"],
                                               "earlier_runs": earlier}
                 write(results)
 
 
-def earlier_runs(newest: dict[str, Any] | None, wanted: set[str]) -> list[dict[str, Any]]:
+def earlier_runs(newest: dict[str, Any] | None, wanted: set[str], dtype: str) -> list[dict[str, Any]]:
     """The runs of the newest result for this target (its own first, then those it
-    read), each with the ``wanted`` engines it is the newest to have measured, and its
-    plain engines; runs left with none are dropped."""
+    read) that ran the target in ``dtype``, each with the ``wanted`` engines it is the
+    newest to have measured, and its plain engines; runs left with none are dropped. A
+    run in another dtype, or one that did not record it, is never read: its options
+    would be set beside this machine's recommended config as if measured alike."""
     if newest is None:
         return []
     runs = [{key: newest[key] for key in ("meta", "order", "measured") if key in newest},
             *newest.get("earlier_runs", [])]
     out, taken = [], set()
     for run in runs:
+        if run.get("meta", {}).get("target_dtype") != dtype:
+            continue
         mine = {label for label in run.get("measured", {}) if label in wanted - taken}
         if mine:
             taken |= mine
@@ -337,9 +361,10 @@ def earlier_targets() -> dict[str, Any]:
 def settings_line(m: dict[str, Any]) -> str:
     a = m["args"]
     at_one = f" ({a['batch1_prompts']} at batch 1)" if a.get("batch1_prompts") else ""
-    return (f"{m['date']}: advise on {a['num_prompts']} prompts, checked on {a['held_out']} held-out ones{at_one}, "
-            f"{a['max_tokens']} tokens on the sample, {a.get('check_lengths', [a['max_tokens']])} held out, "
-            f"T {a['temperatures']}, batch {a['batch_sizes']}, k <= {a['k']}, "
+    dtype = f", the target in {m['target_dtype']}" if m.get("target_dtype") else ""
+    return (f"{m['date']}{dtype}: advise on {a['num_prompts']} prompts, checked on {a['held_out']} held-out "
+            f"ones{at_one}, {a['max_tokens']} tokens on the sample, {a.get('check_lengths', [a['max_tokens']])} "
+            f"held out, T {a['temperatures']}, batch {a['batch_sizes']}, k <= {a['k']}, "
             f"{a['rounds']} rounds" + (f", each engine serving {a['served_before']} other held-out prompt(s) per "
                                        "temperature first, untimed" if a.get("served_before") else "") + ".")
 
@@ -367,7 +392,8 @@ def write(results: dict[str, Any]) -> None:
         for run in r.get("earlier_runs", []):
             read = [label for label in run["measured"] if not label.startswith("plain")]
             if read:
-                md += ["", f"Read from the run of {run['meta']['date']} (against its own plain engines): "
+                md += ["", f"Read from the run of {run['meta']['date']} (the target in {run['meta']['target_dtype']}, "
+                       "against its own plain engines): "
                        + ", ".join(read) + "."]
         if r.get("not_measured"):
             md += ["", "Not measured: " + ", ".join(

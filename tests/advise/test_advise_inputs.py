@@ -88,6 +88,7 @@ def test_good_input_lays_out_the_engines(qwen05: str, smollm2: str, gemma: str, 
     assert p.jobs[3][2]["rules"] == {"0.0": ["tli"], "1.0": ["tli"]}
     assert len(job["prompts"]) == 2 and isinstance(job["prompts"][1], list)
     assert planned_calls(job) == 2 * 4 + 4 * 2 and planned_calls(p.jobs[0][2]) == 8
+    assert p.dtype == "float32" and all(j["dtype"] == p.dtype for _, _, j in p.jobs)  # recorded with the result
     assert not any(j["enforce_eager"] for _, _, j in p.jobs)  # vLLM's default: compiled
     eager = plan(_args(qwen05, smollm2, "--prompts", str(prompts), "--batch-sizes", "1", "--dtype", "float32",
                        "--enforce-eager"), available=ROOMY)

@@ -3,8 +3,11 @@ how each projected option finds its measured speedup. Pure Python, no engine."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:  # the scripts import their siblings
@@ -70,13 +73,38 @@ def test_an_engine_is_read_from_the_newest_run_that_has_it_against_that_runs_pla
 
 
 def test_earlier_runs_keep_only_the_engines_not_rerun_and_their_plain() -> None:
-    newest = {"meta": {"date": "b"}, "order": ["plain 1", "a (pinned)", "recommended", "plain 2"],
+    newest = {"meta": {"date": "b", "target_dtype": "float32"}, "order": ["plain 1", "a (pinned)", "recommended"],
               "measured": {"plain 1": {}, "a (pinned)": {}, "recommended": {}, "plain 2": {}},
-              "earlier_runs": [{"meta": {"date": "a"},
+              "earlier_runs": [{"meta": {"date": "a", "target_dtype": "float32"},
                                 "measured": {"plain 1": {}, "a (pinned)": {}, "b (pinned)": {}}}]}
-    runs = advise_check.earlier_runs(newest, {"a (pinned)", "b (pinned)"})
+    runs = advise_check.earlier_runs(newest, {"a (pinned)", "b (pinned)"}, "float32")
     assert [(r["meta"]["date"], sorted(r["measured"])) for r in runs] == [
         ("b", ["a (pinned)", "plain 1", "plain 2"]), ("a", ["b (pinned)", "plain 1"])]
+
+
+def test_a_run_in_another_dtype_is_never_read() -> None:
+    """An engine measured with the target in bf16 is not set beside a float32 run's
+    recommended config (nor one whose run did not record its dtype): it is not measured."""
+    newest = {"meta": {"date": "c", "target_dtype": "bfloat16"}, "measured": {"plain 1": {}, "a (pinned)": {}},
+              "earlier_runs": [{"meta": {"date": "b"}, "measured": {"plain 1": {}, "a (pinned)": {}}},
+                               {"meta": {"date": "a", "target_dtype": "float32"},
+                                "measured": {"plain 1": {}, "b (pinned)": {}}}]}
+    runs = advise_check.earlier_runs(newest, {"a (pinned)", "b (pinned)"}, "float32")
+    assert [(r["meta"]["date"], sorted(r["measured"])) for r in runs] == [("a", ["b (pinned)", "plain 1"])]
+    assert advise_check.earlier_runs(newest, {"a (pinned)"}, "float32") == []
+
+
+def test_advise_measured_in_another_dtype_is_not_reused(tmp_path) -> None:
+    """``--reuse-advise`` refuses advise's result where it ran the target in another
+    dtype than this machine's engines will: its projections priced another machine."""
+    from argparse import Namespace
+
+    args = Namespace(num_prompts=13, max_tokens=48, batch_sizes="1,8", temperatures="0,1", k=4)
+    settings = advise_check.advise_settings("qwen2.5-coder-1.5b", args)
+    (tmp_path / "advise.json").write_text(json.dumps({"args": {**settings, "dtype": "float32"},
+                                                      "target_dtype": "bfloat16"}))
+    with pytest.raises(SystemExit, match="measured the target in bfloat16, and this machine runs it in float32"):
+        advise_check.reused_advise("qwen2.5-coder-1.5b", args, tmp_path)
 
 
 def test_batch1_prompts_shortens_the_runs_at_batch_1_only() -> None:

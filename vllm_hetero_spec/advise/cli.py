@@ -217,6 +217,7 @@ class Plan:
     drafters: list[Model]
     jobs: list[tuple[str, str | None, dict[str, Any]]]  # (label, drafter as named, session job)
     results: Path
+    dtype: str  # the target's, as the engines run it: the projections hold for it
 
 
 def plan(args: argparse.Namespace, available: tuple[int, str] | None = None) -> Plan:
@@ -257,7 +258,7 @@ def plan(args: argparse.Namespace, available: tuple[int, str] | None = None) -> 
                                       "rules": rules_per_temperature(args.rules, temps, id_mapped)}))
         if not args.no_draft_model and same:
             jobs.append((draft_model_label(d.name), d.name, {**base, "kind": "draft_model", "drafter": str(d.folder)}))
-    return Plan(target, drafters, jobs, Path(args.results_dir))
+    return Plan(target, drafters, jobs, Path(args.results_dir), dtype)
 
 
 def root_cause(log_text: str) -> str:
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                 bar.write(f"advise: vLLM's draft_model did not run with {job['drafter']}; left out ({log})")
                 bar.update(planned_calls(job))
     meta = {"target": p.target.name, "drafters": [d.name for d in p.drafters], "args": vars(args),
-            "measured": measured}
+            "target_dtype": p.dtype, "measured": measured}
     try:
         rec = report(meta, p.drafters, p.results, args.out)
     except AdviseError as err:
@@ -377,5 +378,7 @@ def reanalyse(results: Path, out: str | None = None) -> dict[str, Any]:
     ``out``): a change to the projection or the config it writes needs no engine run."""
     meta = json.loads((results / "advise.json").read_text())
     kept = {key: meta[key] for key in ("target", "drafters", "args", "measured")}
+    if "target_dtype" in meta:  # recorded since 2026-12-07
+        kept["target_dtype"] = meta["target_dtype"]
     report(kept, [resolve_model("--drafters", name) for name in kept["drafters"]], results, out)
     return json.loads((results / "advise.json").read_text())
