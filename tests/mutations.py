@@ -300,6 +300,13 @@ MUTATIONS = [
         ("tests/policy/test_budget.py", "-k", "never_timed"),
     ),
     Mutation(
+        "compared-as-run", "auto compares a rule the budget left undrafted at plain speed, as the budget ran it",
+        "vllm_hetero_spec/policy/step_policy.py",
+        "                for i in rows:\n                    out[i] = 1\n",
+        "                for i in rows:\n                    out[i] = 0\n",
+        ("tests/policy/test_compared_drafting.py",),
+    ),
+    Mutation(
         "blind-catchup", "the draft cost fit takes a first pass over a prompt for the cost of drafting k",
         "vllm_hetero_spec/policy/budget.py",
         "            if k > 0 and lengths is not None:",

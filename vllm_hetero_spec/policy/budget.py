@@ -124,12 +124,15 @@ class Exploration:
     """What exploring cost: steps planned before the costs were known (``warmup``),
     probes made and the loss the model expected of them against the chosen k (seconds),
     and probe slots skipped because no length could beat the chosen one even at the
-    bounds of what its acceptance is known to be."""
+    bounds of what its acceptance is known to be; and steps where ``auto``, comparing
+    its rules, drafted one token where this budget chose none (``compared``, counted by
+    :class:`~vllm_hetero_spec.policy.step_policy.StepPolicy`)."""
 
     warmup: int = 0
     probes: int = 0
     probe_loss_s: float = 0.0
     skipped: int = 0
+    compared: int = 0
 
 
 @dataclass

@@ -123,8 +123,45 @@ class StepPolicy:
                 req_ids, drafting, row_lengths, _budget_labels(_own(asked, rs), temperatures), left))
             rules = _own(asked, chosen)
         lengths = self.budget.plan(req_ids, drafting, row_lengths, _budget_labels(rules, temperatures), left)
+        if rules is not None:
+            lengths = self._compared_drafting(lengths, req_ids, drafting, row_lengths, rules, temperatures, asked, left)
         return StepPlan([min(n, cap) for n, cap in zip(lengths, caps)], rules,
                         None if rules is None else [a is not None for a in asked])
+
+    def _compared_drafting(self, lengths: list[int], req_ids: list[str], drafting: list[bool], row_lengths: list[int],
+                           rules: list[str], temperatures: list[float], asked: list[str | None],
+                           left: list[int | None] | None) -> list[int]:
+        """``lengths`` with one token for each row of a kind comparing its rules that the
+        budget left undrafted, where it would draft with another of the kind's candidates.
+
+        The comparison then measures each rule drafting. Measured as the budget ran it, a
+        rule whose acceptance or cost the budget had from a step or two could lose for
+        good: with ``auto`` at T = 1 on the 1.5B target, tli's one timed warm-up step (its
+        first sampled draft, 557 ms) priced its k = 1 near slrs's k = 4, the budget left
+        its turns undrafted, they ran at plain speed, slrs won, and an undrafted rule
+        shows the budget nothing new, so the price stayed
+        (docs/benchmarks.md#batch-1-t--1-a-rule-the-budget-left-undrafted-lost-its-comparison).
+        Where the budget would draft with no candidate, nothing is added: comparing rules
+        there costs drafting that does not pay. The added steps count as the budget's
+        exploration (``compared``)."""
+        out = list(lengths)
+        if not (isinstance(self.budget, AdaptiveBudget) and self.budget.ready):
+            return out  # the warm-up's k = 0 steps price the plain step: they stay
+        for name, kind in self.rules.kinds.items():
+            rows = {i for i, (t, a) in enumerate(zip(temperatures, asked))
+                    if a is None and drafting[i] and out[i] == 0 and self.rules.kind_of(t) == name}
+            if not rows or not kind.comparing or len(kind.candidates) < 2:
+                continue
+            mine = [i in rows for i in range(len(req_ids))]
+            current = rules[min(rows)]
+            if any(self.budget.would_draft(req_ids, mine, row_lengths,
+                                           _budget_labels([c if i in rows else r for i, r in enumerate(rules)],
+                                                          temperatures), left)
+                   for c in kind.candidates if c != current):
+                for i in rows:
+                    out[i] = 1
+                self.budget.exploration.compared += 1
+        return out
 
     def record(self, plan: StepPlan, req_ids: list[str], sampled: list[int], temperatures: list[float],
                row_lengths: list[int], proposed: list[int], start: float, end: float) -> None:
