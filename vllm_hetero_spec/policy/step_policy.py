@@ -8,6 +8,8 @@ budget chooses up to those caps (a row capped at 0 is not offered to it at all, 
 neither drafts nor counts in the budget's warm-up). With ``algorithm: auto`` the rule
 chooser picks each row's rule first, asking the budget whether a candidate set of rules
 would draft at all; a rule a request names (``extra_args["algorithm"]``) overrides it.
+While the chooser compares its rules, every rule is measured drafting
+(:meth:`StepPolicy._compared_drafting`).
 """
 
 from __future__ import annotations
