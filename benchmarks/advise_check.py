@@ -301,13 +301,14 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
             advised = run_advise(target, args, folder)
         jobs = check_jobs(target, advised, prompts, args, served)
+        dtype = target_dtype(advised)
         earlier = []
         if args.engines is not None:
             unknown = set(args.engines) - {label for label, _ in jobs}
             if unknown:
                 raise SystemExit(f"--engines {sorted(unknown)}: not engines of this check: {[x for x, _ in jobs]}")
             kept = {label for label, _ in jobs if label not in args.engines and not label.startswith("plain")}
-            earlier = earlier_runs(results["targets"].get(target), kept, target_dtype(advised))
+            earlier = earlier_runs(results["targets"].get(target), kept, dtype)
             jobs = [(label, job) for label, job in jobs if label.startswith("plain") or label in args.engines]
         log = Path(f"/tmp/advise_check_{target}.log")
         log.write_text("")
@@ -319,8 +320,7 @@ def main() -> None:
                 # `--engines` resumes it with the engines it lacks.
                 rows, rec_rows, missing = verdicts(advised, [measured, *[run["measured"] for run in earlier]],
                                                    args.check_lengths)
-                this_run = {"meta": meta(args, target_dtype=target_dtype(advised)), "order": list(measured),
-                            "measured": slim(measured)}
+                this_run = {"meta": meta(args, target_dtype=dtype), "order": list(measured), "measured": slim(measured)}
                 results["targets"][target] = {**this_run, "rows": rows, "recommended": rec_rows,
                                               "not_measured": missing, "recommendation": advised["recommendation"],
                                               "earlier_runs": earlier}
