@@ -267,8 +267,8 @@ MUTATIONS = [
     Mutation(
         "probe-prices-any-size", "a probe with a few rows caught up is worth a step to price its size",
         "vllm_hetero_spec/policy/budget.py",
-        "            if whole and not self.curve(seen.key).priced(rows + k * n_drafting):",
-        "            if not self.curve(seen.key).priced(rows + k * n_drafting):",
+        "            if whole and guessed:",
+        "            if guessed:",
         ("tests/policy/test_budget.py", "-k", "fresh_batch or large_batch"),
     ),
     Mutation(
@@ -305,6 +305,27 @@ MUTATIONS = [
         "                for i in rows:\n                    out[i] = 1\n",
         "                for i in rows:\n                    out[i] = 0\n",
         ("tests/policy/test_compared_drafting.py",),
+    ),
+    Mutation(
+        "draft-cost-unbounded", "the draft price's fit takes negative parts, so one slow step prices k >= 2 out for good",
+        "vllm_hetero_spec/policy/step_costs.py",
+        "LinearFit(memory, features, intercept=False, nonnegative=True)",
+        "LinearFit(memory, features, intercept=False, nonnegative=False)",
+        ("tests/policy/test_step_costs.py", "tests/policy/test_compared_drafting.py"),
+    ),
+    Mutation(
+        "draft-cost-no-fade", "a step far under its price is only averaged in, so a one-time cost lasts",
+        "vllm_hetero_spec/policy/step_costs.py",
+        "            self.fit.fade(0.5 / self.fit.n)",
+        "            self.fit.fade(1.0)",
+        ("tests/policy/test_step_costs.py",),
+    ),
+    Mutation(
+        "draft-price-always-known", "a draft price on few or old steps is never probed",
+        "vllm_hetero_spec/policy/budget.py",
+        "            guessed |= k > 0 and not self._draft_cost(seen.key).priced(seen.key, self.steps)",
+        "            guessed |= False",
+        ("tests/policy/test_budget.py", "-k", "slow_patch"),
     ),
     Mutation(
         "blind-catchup", "the draft cost fit takes a first pass over a prompt for the cost of drafting k",

@@ -164,6 +164,24 @@ def test_follows_a_change_in_cost() -> None:
     assert np.mean(np.array(chosen[-100:]) == 0) > 0.8
 
 
+def test_follows_the_drafter_back_after_a_slow_patch() -> None:
+    """The drafter is ten times slower for a while, and the budget stops drafting; then
+    it is fast again, and new requests come. A price the budget no longer drafts at gets
+    no step to correct it: it counts as unknown once stale, so a probe times it again,
+    and that step, far under the price, fades the slow patch's evidence. Without the
+    probe, the second request after the patch still ran at plain speed."""
+    policy = AdaptiveBudget(8)
+    simulate(policy, CPU, [ALPHA], 200, seed=4)
+    policy.forget("r0")
+    simulate(policy, Machine(**{**CPU.__dict__, "draft_b": 0.4}), [ALPHA], 200, seed=5, prefix="s")
+    policy.forget("s0")
+    chosen = []
+    for i in range(2):
+        chosen += simulate(policy, CPU, [ALPHA], 50, seed=6 + i, prefix=f"q{i}")[1]
+        policy.forget(f"q{i}0")
+    assert np.mean(np.array(chosen[50:]) > 0) > 0.6, np.bincount(chosen)
+
+
 def test_a_rarely_accepted_request_drafts_less() -> None:
     """Per request: a request whose drafts are never accepted drafts one token (enough
     to keep showing its acceptance) while a well-predicted one beside it drafts on."""

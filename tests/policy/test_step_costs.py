@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_hetero_spec.policy.step_costs import LinearFit, TargetCost
+from scipy.optimize import nnls
+
+from vllm_hetero_spec.policy.step_costs import DraftCost, LinearFit, TargetCost, _nonnegative_solve
 
 
 def test_linear_fit_recovers_a_line_and_forgets() -> None:
@@ -87,3 +89,64 @@ def test_an_overpriced_size_is_priced_again() -> None:
     assert cost.predict(1) > 0.35  # still at its old price
     cost.add(1, 0.25)
     assert cost.priced(1) and cost.predict(1) == pytest.approx(0.25, rel=0.05)
+
+
+def test_nonnegative_solve_matches_nnls() -> None:
+    """The bounded fit's solver against SciPy's NNLS on random problems, where the bound
+    binds on some coefficients and not others."""
+    rng = np.random.default_rng(0)
+    bound = 0
+    for _ in range(300):
+        a = rng.standard_normal((int(rng.integers(1, 10)), int(rng.integers(1, 7))))
+        b = rng.standard_normal(len(a))
+        gram, rhs = a.T @ a + 1e-6 * np.eye(a.shape[1]), a.T @ b
+        want, _ = nnls(np.vstack([a, 1e-3 * np.eye(a.shape[1])]), np.concatenate([b, np.zeros(a.shape[1])]))
+        np.testing.assert_allclose(_nonnegative_solve(gram, rhs), want, atol=1e-6)
+        bound += int((want == 0).any() and (want > 0).any())
+    assert bound > 50
+
+
+def test_a_slow_step_at_a_length_no_longer_run_fades() -> None:
+    """One k = 2 step paid a one-time 0.4 s among k = 1 steps of 0.1 s (a draft token
+    costs 0.1 s). Unbounded, the fit read a cost per token of 0.5 s and a fixed cost of
+    -0.4 s, and the k = 1 steps that followed, which cannot split the two, kept k = 2
+    priced at 0.6 s for good; bounded at 0, the k = 1 steps pin the cost per token and
+    the slow step fades."""
+    cost = DraftCost(memory=0.9, features=3)
+    for _ in range(3):
+        cost.add("tli", [1, 1, 0], 0.1)
+    cost.add("tli", [2, 2, 0], 0.2 + 0.4)
+    for _ in range(30):
+        cost.add("tli", [1, 1, 0], 0.1)
+    assert cost.predict("tli", [1, 1, 0]) == pytest.approx(0.1, rel=0.05)
+    assert cost.predict("tli", [2, 2, 0]) < 0.22
+
+
+def test_a_step_under_half_its_price_fades_what_priced_it() -> None:
+    """A first sampled draft took 557 ms where later ones took 150 (a one-time cost). The
+    first cheap step fades that evidence to half a step's weight, so the price is about
+    right at once, not after the dozens of steps memory alone takes; a step a little
+    cheaper than its price is only averaged in."""
+    cost = DraftCost(memory=0.9, features=3)
+    cost.add("tli", [1, 1, 0], 0.557)
+    cost.add("tli", [1, 1, 0], 0.15)
+    assert cost.predict("tli", [1, 1, 0]) < 0.3  # memory alone: 0.34
+    for _ in range(8):
+        cost.add("tli", [1, 1, 0], 0.15)
+    assert cost.predict("tli", [1, 1, 0]) < 0.167  # memory alone: 0.174
+    for _ in range(20):
+        cost.add("tli", [1, 1, 0], 0.15)
+    cost.add("tli", [1, 1, 0], 0.10)
+    assert cost.predict("tli", [1, 1, 0]) == pytest.approx(0.15 - 0.05 / cost.n, rel=0.02)
+
+
+def test_a_draft_price_on_few_or_old_steps_is_not_known() -> None:
+    """A key's price counts as known once its steps weigh ``evidence`` in the fit, and
+    stops counting ``stale_after`` steps after it was last timed: the budget probes it."""
+    cost = DraftCost(memory=0.9, features=3, evidence=3.0, stale_after=20)
+    for step in range(3):
+        cost.add("tli", [1, 1, 0], 0.1, step)
+        assert not cost.priced("tli", step)  # three steps weigh 2.71 at memory 0.9
+    cost.add("tli", [1, 1, 0], 0.1, 3)
+    assert cost.priced("tli", 3) and cost.priced("tli", 23) and not cost.priced("tli", 24)
+    assert not cost.priced("slem", 3)

@@ -225,6 +225,7 @@ class AdaptiveBudget:
         self.buckets: dict[int, _Bucket] = {}
         self.warmup_steps = 0
         self.chosen = Counter()  # steps per chosen k (the step's largest)
+        self.steps = 0  # steps recorded
         self.last_k = max_tokens
         # Why the last plan chose what it did, its expected rate per k and its catch-up
         # lump (tokens): for the proposer's debug log (a step planned k > 0 and sent no
@@ -263,7 +264,7 @@ class AdaptiveBudget:
             if last.k > 0:
                 drafting = sum(1 for k in last.proposed.values() if k > 0)
                 self._draft_cost(last.draft_key).add(last.draft_key, [last.k, last.k * drafting, last.catchup],
-                                                     last.propose_s)
+                                                     last.propose_s, self.steps)
 
     def record(self, req_ids: list[str], proposed: list[int], propose_s: float, end: float,
                lengths: list[int] | None = None, rules: list[str] | None = None) -> None:
@@ -282,6 +283,7 @@ class AdaptiveBudget:
         self._last = _Step(list(req_ids), dict(zip(req_ids, proposed)), dict(zip(req_ids, rules or ())), key,
                            len(req_ids) + sum(proposed), k, catchup, propose_s, end)
         self.chosen[k] += 1
+        self.steps += 1
         self.last_k = k
 
     def forget(self, req_id: str) -> None:
@@ -474,7 +476,9 @@ class AdaptiveBudget:
             edge = self.rates(rows, (np.cumprod(a, axis=1) * seen.reach).sum(0), n_drafting, seen.lump, seen.spread,
                               seen.key)
             promise[k] = edge[k] / rates[best] if k > best else rates[k] / max(edge[best], 1e-12)
-            if whole and not self.curve(seen.key).priced(rows + k * n_drafting):
+            guessed = not self.curve(seen.key).priced(rows + k * n_drafting)
+            guessed |= k > 0 and not self._draft_cost(seen.key).priced(seen.key, self.steps)
+            if whole and guessed:
                 promise[k] = max(promise[k], 1.0)  # its price is a guess or stale: only running it tells
         if not promise or max(promise.values()) < 1.0:
             self.exploration.skipped += 1

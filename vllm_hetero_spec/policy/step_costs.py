@@ -16,18 +16,32 @@ import numpy as np
 
 class LinearFit:
     """y = c0 + c . x by exponentially weighted least squares, with a weak ridge towards
-    zero so that too few distinct points still give an answer."""
+    zero so that too few distinct points still give an answer.
 
-    def __init__(self, memory: float, features: int = 1, ridge: float = 1e-6):
+    ``intercept=False`` drops c0 (the caller's features carry it); ``nonnegative`` keeps
+    every coefficient >= 0, for a cost made of parts none of which can be negative. That
+    bound is what lets a fit forget: forgetting scales all evidence alike, so a direction
+    the recent steps do not vary keeps what old steps said of it for as long as nothing
+    new contradicts them, and a bound that binds is such a contradiction."""
+
+    def __init__(self, memory: float, features: int = 1, ridge: float = 1e-6, *, intercept: bool = True,
+                 nonnegative: bool = False):
         self.memory = memory
         self.ridge = ridge
-        self.xtx = np.zeros((features + 1, features + 1))
-        self.xty = np.zeros(features + 1)
+        self.intercept = intercept
+        self.nonnegative = nonnegative
+        size = features + intercept
+        self.xtx = np.zeros((size, size))
+        self.xty = np.zeros(size)
         self.n = 0.0
         self._coef: np.ndarray | None = None  # solved once per sample, read every step
 
+    def _row(self, x: float | Sequence[float]) -> np.ndarray:
+        v = np.atleast_1d(np.asarray(x, dtype=np.float64))
+        return np.concatenate([[1.0], v]) if self.intercept else v
+
     def add(self, x: float | Sequence[float], y: float) -> None:
-        v = np.concatenate([[1.0], np.atleast_1d(np.asarray(x, dtype=np.float64))])
+        v = self._row(x)
         self.xtx = self.memory * self.xtx + np.outer(v, v)
         self.xty = self.memory * self.xty + v * y
         self.n = self.memory * self.n + 1.0
@@ -35,15 +49,21 @@ class LinearFit:
 
     @property
     def coef(self) -> np.ndarray:
-        """(c0, c1, ...)."""
+        """(c0, c1, ...), or (c1, ...) without an intercept."""
         if self._coef is None:
-            reg = self.ridge * np.diag(np.maximum(np.diag(self.xtx), 1.0))
-            self._coef = np.linalg.solve(self.xtx + reg, self.xty)
+            gram = self.xtx + self.ridge * np.diag(np.maximum(np.diag(self.xtx), 1.0))
+            self._coef = _nonnegative_solve(gram, self.xty) if self.nonnegative else np.linalg.solve(gram, self.xty)
         return self._coef
 
     def predict(self, x: float | Sequence[float]) -> float:
-        coef = self.coef
-        return float(coef[0] + coef[1:] @ np.atleast_1d(np.asarray(x, dtype=np.float64)))
+        return float(self.coef @ self._row(x))
+
+    def fade(self, factor: float) -> None:
+        """Weigh every sample so far by ``factor`` more."""
+        self.xtx = factor * self.xtx
+        self.xty = factor * self.xty
+        self.n = factor * self.n
+        self._coef = None
 
     def widen(self) -> None:
         """One more feature, zero in every sample so far."""
@@ -61,29 +81,60 @@ class DraftCost:
     steps at any k inform it. A set with ``slrs`` is a group of its own (the budget's ``_cost_group``):
     its psi tree costs several forwards per position, and a fit shared with it made the
     others look so dear that the budget stopped drafting, which a step at k = 0 never
-    corrects. The first key's fixed cost is the base; a key not yet timed is priced at it.
+    corrects. A key not yet timed is priced at the first key's fixed cost.
+
+    Every part is >= 0 (a fixed cost, a cost per token, per token and row, per token
+    caught up on). Unbounded, one slow step did lasting harm: a one-time cost on a k = 2
+    step among k = 1 steps was read as a steep cost per token with a negative fixed cost,
+    the budget then drafted only k = 1, and steps that all run k = 1 cannot move the split
+    between the two, so k >= 2 stayed priced out for the rest of the run. Bounded, the
+    k = 1 steps pin the cost per token at most at their own cost, and the slow step
+    fades (``tests/policy/test_compared_drafting.py::test_a_one_time_cost_does_not_hold_k_at_1``).
     Evidence: docs/algorithms.md#auto ("With the budget")."""
 
-    def __init__(self, memory: float, features: int):
+    def __init__(self, memory: float, features: int, evidence: float = 3.0, stale_after: int = 100):
         self.keys: list[str] = []
-        self.fit = LinearFit(memory, features)
+        self.fit = LinearFit(memory, features, intercept=False, nonnegative=True)
+        self.evidence = evidence  # the weight of recent steps a key's price needs to count as known
+        self.stale_after = stale_after  # the budget's steps after which a key's price is stale
+        self.seen_at: dict[str, int] = {}  # per key: the budget's step count when it was last timed
 
     @property
     def n(self) -> float:
         return self.fit.n
 
-    def add(self, key: str, x: Sequence[float], y: float) -> None:
+    def priced(self, key: str, step: int) -> bool:
+        """Whether ``key``'s price rests on enough steps of its own, recent ones. One that
+        does not is worth a probe: a price set too high stops the budget drafting with
+        the key, and then no step corrects it (``tests/policy/test_budget.py::
+        test_follows_the_drafter_back_after_a_slow_patch``)."""
+        if key not in self.keys or step - self.seen_at[key] > self.stale_after:
+            return False
+        column = len(self.fit.xtx) - len(self.keys) + self.keys.index(key)
+        return self.fit.xtx[column, column] >= self.evidence  # the key's samples, each weighed as the fit does
+
+    def add(self, key: str, x: Sequence[float], y: float, step: int = 0) -> None:
+        """One timed step; ``step``: the budget's step count (for :meth:`priced`).
+
+        A step that costs under half its price shows the evidence behind that price to be
+        inflated -- a one-time cost only ever adds (a first sampled draft took 557 ms
+        where later ones took about 150) -- so that evidence is faded to half a step's
+        weight before the step counts. Without it, the steps of a run's first seconds,
+        one-time costs and all, outweighed the few cheaper ones that came next, and the
+        price stayed high for as long as it kept the budget from drafting."""
+        self.seen_at[key] = step
         if key not in self.keys:
             self.keys.append(key)
-            if len(self.keys) > 1:
-                self.fit.widen()
+            self.fit.widen()
+        elif self.fit.n > 0.5 and y < 0.5 * self.predict(key, x):
+            self.fit.fade(0.5 / self.fit.n)
         self.fit.add([*x, *self._indicators(key)], y)
 
     def predict(self, key: str, x: Sequence[float]) -> float:
-        return self.fit.predict([*x, *self._indicators(key)])
+        return self.fit.predict([*x, *self._indicators(key if key in self.keys else self.keys[0])])
 
     def _indicators(self, key: str) -> list[float]:
-        return [float(key == other) for other in self.keys[1:]]
+        return [float(key == other) for other in self.keys]
 
 
 class Ema:
@@ -226,3 +277,30 @@ def _monotone(values: list[float]) -> np.ndarray:
             (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
             blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
     return np.concatenate([np.full(int(n), m) for m, n in blocks])
+
+
+def _nonnegative_solve(gram: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """argmin c'Gc / 2 - r'c over c >= 0, for a positive definite G (Lawson and Hanson's
+    active set, on the normal equations): the few coefficients of a cost fit, once per step."""
+    size = len(rhs)
+    free = np.zeros(size, dtype=bool)
+    coef = np.zeros(size)
+    for _ in range(3 * size):
+        gradient = rhs - gram @ coef
+        gradient[free] = -np.inf
+        if gradient.max() <= 1e-12 * max(np.abs(rhs).max(), 1e-300):
+            break
+        free[int(gradient.argmax())] = True
+        while True:
+            trial = np.zeros(size)
+            trial[free] = np.linalg.solve(gram[np.ix_(free, free)], rhs[free])
+            if (trial[free] > 0).all():
+                coef = trial
+                break
+            # Step from coef towards trial until the first free coefficient reaches 0, and bind it.
+            falling = free & (trial <= 0)
+            step = np.min(coef[falling] / (coef[falling] - trial[falling]))
+            coef = coef + step * (trial - coef)
+            free &= coef > 1e-15
+            coef[~free] = 0.0
+    return coef
