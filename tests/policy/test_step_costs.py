@@ -150,3 +150,22 @@ def test_a_draft_price_on_few_or_old_steps_is_not_known() -> None:
     cost.add("tli", [1, 1, 0], 0.1, 3)
     assert cost.priced("tli", 3) and cost.priced("tli", 23) and not cost.priced("tli", 24)
     assert not cost.priced("slem", 3)
+
+
+def test_a_stale_size_is_priced_at_most_as_its_fresh_neighbours_say() -> None:
+    """A size the policy stopped running keeps the price of its first steps, which may
+    be dear (on the 1.5B target at T = 1 a 3-token step stayed priced at 858 ms where
+    fixed k = 2 ran them at about 740, and the budget held k = 1). Once stale it is
+    priced at the lower of its price and the fresh sizes' interpolation, so it is run
+    again, and corrected, rather than avoided for its old price."""
+    cost = TargetCost(memory=0.9, stale_after=20)
+    for tokens, seconds in [(1, 0.65), (2, 0.73), (3, 0.86), (5, 0.86)] * 2:
+        cost.add(tokens, seconds)
+    assert cost.predict(3) == pytest.approx(0.86, rel=0.01)  # fresh: its own price, above its neighbours'
+    for _ in range(12):
+        for tokens, seconds in [(1, 0.65), (2, 0.73), (5, 0.86)]:
+            cost.add(tokens, seconds)
+    assert not cost.priced(3)
+    assert cost.predict(3) == pytest.approx(0.73 + (0.86 - 0.73) / 3, rel=0.01)
+    cost.add(3, 0.70)  # run again: back at the lower of its old price and this step
+    assert cost.priced(3) and cost.predict(3) == pytest.approx(0.70, rel=0.01)

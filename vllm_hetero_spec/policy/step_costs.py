@@ -189,7 +189,11 @@ class TargetCost:
     A size not run for ``stale_after`` steps comes back at the lower of its old price and
     its new step (:meth:`add`), and counts as unpriced meanwhile (:meth:`priced`), which
     makes it worth a probe: a price set too high by a slow patch is never corrected by
-    a policy that avoids the size for it.
+    a policy that avoids the size for it. Meanwhile it is priced at the lower of its old
+    price and what the fresh sizes around it say (their interpolation), so the plan itself
+    may run it again: on the 1.5B target at T = 1 a 3-token step stayed priced at 858 ms
+    where fixed k = 2 ran them at about 740, and probes alone, drawn to other lengths,
+    left the budget at k = 1 for the whole run.
 
     The curve is a shape times a level. The machine's speed drifts (a shared CPU's plain
     steps move within minutes), and drift moves every size at once, so
@@ -246,6 +250,10 @@ class TargetCost:
     def predict(self, tokens: float) -> float:
         if self._fit is None:
             known = {t: float(e.value) for t, e in self.by_size.items()}
+            fresh = sorted(t for t in known if self.priced(t))
+            if len(fresh) >= 2:  # a stale size at the lower of its price and its fresh neighbours'
+                between = np.interp(sorted(known), fresh, [known[t] for t in fresh])
+                known = {t: min(known[t], float(v)) for t, v in zip(sorted(known), between)}
             standing_in = len(known) < 2
             if standing_in:
                 known = {**self.first, **known}
