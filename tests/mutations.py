@@ -307,7 +307,7 @@ MUTATIONS = [
         ("tests/policy/test_compared_drafting.py",),
     ),
     Mutation(
-        "draft-cost-unbounded", "the draft price's fit takes negative parts, so one slow step prices k >= 2 out for good",
+        "draft-cost-unbounded", "the draft price's fit takes negative parts: one slow step prices k >= 2 out for good",
         "vllm_hetero_spec/policy/step_costs.py",
         "LinearFit(memory, features, intercept=False, nonnegative=True)",
         "LinearFit(memory, features, intercept=False, nonnegative=False)",

@@ -456,9 +456,10 @@ class AdaptiveBudget:
         (in one run on the 1.5B target at batch 1, with other work on the machine, the plain
         step stayed priced at twice its cost to the end, and k = 3 and 4 looked best), and so
         does every k > 0 while the draft price rests on few or old steps
-        (:meth:`DraftCost.priced`) -- when the probe drafts with the ``whole`` batch. One that drafts with a few rows caught up
-        runs a size no plan runs (a plan drafts with every row): pricing it is not worth a
-        step, and judged worth one it probed every slot at batch 32 where nothing pays. The most
+        (:meth:`DraftCost.priced`) -- when the probe drafts with the ``whole`` batch. One that
+        drafts with a few rows caught up runs a size no plan runs (a plan drafts with every
+        row): pricing it is not worth a step, and judged worth one it probed every slot at
+        batch 32 where nothing pays. The most
         promising one is tried, the nearest on a tie; a position left alone grows
         uncertain again with time (:class:`PositionAcceptance`), so a change is still
         found."""
