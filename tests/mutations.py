@@ -323,7 +323,7 @@ MUTATIONS = [
     Mutation(
         "draft-price-always-known", "a draft price on few or old steps is never probed",
         "vllm_hetero_spec/policy/budget.py",
-        "            guessed |= k > 0 and not self._draft_cost(seen.key).priced(seen.key, self.steps)",
+        "            guessed |= k > 0 and draft_guessed",
         "            guessed |= False",
         ("tests/policy/test_budget.py", "-k", "slow_patch"),
     ),

@@ -468,6 +468,7 @@ class AdaptiveBudget:
         point = np.stack([self.acceptance(r, rule) for r, rule in zip(req_ids, rules)])
         rows = len(req_ids)
         promise: dict[int, float] = {}
+        draft_guessed = not self._draft_cost(seen.key).priced(seen.key, self.steps)
         for k in range(self.min_tokens, self.max_tokens + 1):
             if k == best:
                 continue
@@ -479,7 +480,7 @@ class AdaptiveBudget:
                               seen.key)
             promise[k] = edge[k] / rates[best] if k > best else rates[k] / max(edge[best], 1e-12)
             guessed = not self.curve(seen.key).priced(rows + k * n_drafting)
-            guessed |= k > 0 and not self._draft_cost(seen.key).priced(seen.key, self.steps)
+            guessed |= k > 0 and draft_guessed
             if whole and guessed:
                 promise[k] = max(promise[k], 1.0)  # its price is a guess or stale: only running it tells
         if not promise or max(promise.values()) < 1.0:

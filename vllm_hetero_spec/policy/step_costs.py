@@ -252,8 +252,8 @@ class TargetCost:
             known = {t: float(e.value) for t, e in self.by_size.items()}
             fresh = sorted(t for t in known if self.priced(t))
             if len(fresh) >= 2:  # a stale size at the lower of its price and its fresh neighbours'
-                between = np.interp(sorted(known), fresh, [known[t] for t in fresh])
-                known = {t: min(known[t], float(v)) for t, v in zip(sorted(known), between)}
+                between = np.interp(list(known), fresh, [known[t] for t in fresh])
+                known = {t: min(known[t], float(v)) for t, v in zip(known, between)}
             standing_in = len(known) < 2
             if standing_in:
                 known = {**self.first, **known}
